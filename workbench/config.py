@@ -1,0 +1,343 @@
+"""`TrainConfig`: every optimization toggle of a training step, in one frozen dataclass.
+
+Validation here is device-independent (bad values, combinations that can never
+work); what *this* device can do is `workbench.device.capabilities()`'s job.
+No torch import: the config must load anywhere, fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message says how to fix it."""
+
+
+AmpDtype = Literal["fp32", "bf16", "fp16"]
+CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+CheckpointPolicy = Literal["off", "full", "selective"]
+MatmulPrecision = Literal["highest", "high", "medium"]
+OptimizerName = Literal["adamw", "sgd"]
+OptimizerImpl = Literal["for-loop", "foreach", "fused"]
+AttentionBackend = Literal["auto", "math", "efficient", "flash", "cudnn"]
+
+#: compile modes that capture CUDA graphs themselves (cudagraph trees).
+COMPILE_MODES_WITH_CUDA_GRAPHS = ("reduce-overhead", "max-autotune")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training-step configuration: the thing a trial measures and an export writes out."""
+
+    amp: AmpDtype = "fp32"
+    """Autocast dtype for forward/backward. fp16 adds a GradScaler; bf16 needs none."""
+
+    compile: CompileMode = "off"
+    """`torch.compile` mode for the model; 'off' runs eager."""
+
+    compile_fullgraph: bool = False
+    """Fail on graph breaks instead of falling back to eager for the broken region."""
+
+    compile_dynamic: bool | None = None
+    """Dynamic shapes: None lets dynamo decide, True/False force it."""
+
+    compile_backend: str = "inductor"
+    """Compile backend. 'inductor' is the real one; 'eager'/'aot_eager' check plumbing cheaply."""
+
+    activation_checkpointing: CheckpointPolicy = "off"
+    """Recompute activations in backward: 'full' saves nothing inside a target, 'selective'
+    keeps matmul/conv outputs and recomputes the cheap ops."""
+
+    checkpoint_target: str = "auto"
+    """Which submodules to checkpoint: a class name ('ResBlock'), a name glob ('encoder.*'),
+    or 'auto' (the workload's repeated block type)."""
+
+    cuda_graphs: bool = False
+    """Capture the whole step (forward, backward, optimizer) once and replay it. CUDA only."""
+
+    channels_last: bool = False
+    """NHWC memory format for the model's 4-D weights and the batch's 4-D inputs."""
+
+    matmul_precision: MatmulPrecision = "highest"
+    """`torch.set_float32_matmul_precision`: 'high' allows TF32 on NVIDIA Ampere and newer."""
+
+    optimizer: OptimizerName = "adamw"
+    """Optimizer algorithm."""
+
+    optimizer_impl: OptimizerImpl = "for-loop"
+    """Kernel strategy: one kernel per parameter ('for-loop'), batched ('foreach'), or fused."""
+
+    lr: float = 1e-3
+    """Learning rate."""
+
+    attention_backend: AttentionBackend = "auto"
+    """Backend for `F.scaled_dot_product_attention`; 'auto' lets PyTorch choose."""
+
+    batch_size: int | None = None
+    """Samples per micro-batch; None takes the workload preset's default."""
+
+    grad_accumulation: int = 1
+    """Micro-batches per optimizer step."""
+
+    num_workers: int = 0
+    """DataLoader worker processes; 0 loads in the training process."""
+
+    pin_memory: bool = False
+    """Page-locked host batches for faster, asynchronous host-to-device copies. CUDA only."""
+
+    prefetch_factor: int | None = None
+    """Batches each worker loads ahead; needs num_workers > 0. None keeps PyTorch's default (2)."""
+
+    persistent_workers: bool = False
+    """Keep loader workers alive between epochs; needs num_workers > 0."""
+
+    seed: int = 0
+    """Seed for model initialisation and data: equal seeds give equal batches and losses."""
+
+    extra: dict[str, Any] = field(default_factory=dict, compare=True, hash=False)
+    """Workload options passed to the workload factory (e.g. {'sample_cost_ms': 5})."""
+
+    def __post_init__(self) -> None:
+        _check_choices(self)
+        _check_numbers(self)
+        _check_combinations(self)
+
+    # --- conversion -------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: _copy(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        if not isinstance(data, dict):
+            raise ConfigError(f"a config must be a dict of field values, got {type(data).__name__}")
+        unknown = sorted(set(data) - set(field_names()))
+        if unknown:
+            raise ConfigError(f"unknown config field(s) {', '.join(unknown)}; valid fields: {', '.join(field_names())}")
+        return cls(**data)
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainConfig:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"config JSON does not parse: {exc}") from None
+        return cls.from_dict(data)
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        """A copy with some fields changed, validated again."""
+        unknown = sorted(set(changes) - set(field_names()))
+        if unknown:
+            raise ConfigError(f"unknown config field(s) {', '.join(unknown)}; valid fields: {', '.join(field_names())}")
+        return dataclasses.replace(self, **changes)
+
+    def with_overrides(self, text: str) -> TrainConfig:
+        """Apply 'amp=bf16,channels_last=true' style overrides (as typed on a command line)."""
+        return self.replace(**parse_overrides(text))
+
+    def diff(self, other: TrainConfig) -> dict[str, tuple[Any, Any]]:
+        """Fields whose values differ: name -> (self's value, other's value)."""
+        return {
+            f.name: (getattr(self, f.name), getattr(other, f.name))
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != getattr(other, f.name)
+        }
+
+    def describe(self) -> str:
+        """Short label: the fields that differ from the defaults ('amp=bf16, channels_last=True')."""
+        changed = TrainConfig().diff(self)
+        return ", ".join(f"{k}={v[1]}" for k, v in changed.items()) or "defaults"
+
+
+# --- field metadata ----------------------------------------------------------------
+
+
+def field_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(TrainConfig)]
+
+
+def field_choices(name: str) -> tuple[Any, ...] | None:
+    """The allowed values of an enumerated field (Literal or bool), else None."""
+    hint = _hints()[name]
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is Literal:
+        return args
+    if hint is bool:
+        return (False, True)
+    if set(args) == {bool, type(None)}:
+        return (None, False, True)
+    literals = [a for a in args if typing.get_origin(a) is Literal]
+    if literals:
+        return typing.get_args(literals[0])
+    return None
+
+
+def field_doc(name: str) -> str:
+    """The docstring written under a field (used for tooltips and `--help`)."""
+    return _field_docs().get(name, "")
+
+
+def field_type(name: str) -> Any:
+    return _hints()[name]
+
+
+_HINTS: dict[str, Any] = {}
+_DOCS: dict[str, str] = {}
+
+
+def _hints() -> dict[str, Any]:
+    if not _HINTS:
+        _HINTS.update(typing.get_type_hints(TrainConfig))
+    return _HINTS
+
+
+def _field_docs() -> dict[str, str]:
+    """Read the attribute docstrings from the class source (they are not kept at runtime)."""
+    if not _DOCS:
+        import ast
+        import inspect
+        import textwrap
+
+        tree = ast.parse(textwrap.dedent(inspect.getsource(TrainConfig)))
+        body = tree.body[0].body  # type: ignore[attr-defined]
+        for node, nxt in zip(body, body[1:]):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+                    _DOCS[node.target.id] = " ".join(str(nxt.value.value).split())
+    return _DOCS
+
+
+# --- parsing ------------------------------------------------------------------------
+
+
+def parse_overrides(text: str) -> dict[str, Any]:
+    """'amp=bf16,channels_last=true' -> {'amp': 'bf16', 'channels_last': True}, typed by the field.
+
+    Unknown keys and unparsable values raise ConfigError naming the valid choices.
+    """
+    out: dict[str, Any] = {}
+    for item in (p.strip() for p in text.split(",")):
+        if not item:
+            continue
+        if "=" not in item:
+            raise ConfigError(f"'{item}' is not key=value; example: amp=bf16,channels_last=true")
+        key, raw = (s.strip() for s in item.split("=", 1))
+        if key.startswith("extra."):
+            out.setdefault("extra", {})[key[len("extra.") :]] = _parse_scalar(raw)
+            continue
+        if key not in field_names() or key == "extra":
+            raise ConfigError(f"unknown config field '{key}'; valid fields: {', '.join(field_names())}")
+        out[key] = parse_value(key, raw)
+    return out
+
+
+def parse_value(name: str, raw: str) -> Any:
+    """Convert a string to the type of field `name`."""
+    hint = _hints()[name]
+    args = set(typing.get_args(hint))
+    low = raw.strip().lower()
+    if low in ("none", "null", "auto-default") and type(None) in args:
+        return None
+    if hint is bool or bool in args:
+        if low in ("true", "1", "yes", "on"):
+            return True
+        if low in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"{name} must be true or false, got '{raw}'")
+    if hint is int or int in args:
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"{name} must be an integer, got '{raw}'") from None
+    if hint is float:
+        try:
+            return float(raw)
+        except ValueError:
+            raise ConfigError(f"{name} must be a number, got '{raw}'") from None
+    return raw.strip()
+
+
+def _parse_scalar(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+# --- validation ---------------------------------------------------------------------
+
+
+def _check_choices(cfg: TrainConfig) -> None:
+    for name in field_names():
+        choices = field_choices(name)
+        value = getattr(cfg, name)
+        if choices is None or (value is None and type(None) in typing.get_args(_hints()[name])):
+            continue
+        if _hints()[name] is bool or bool in typing.get_args(_hints()[name]):
+            if not isinstance(value, bool):
+                raise ConfigError(f"{name} must be true or false, got {value!r}")
+            continue
+        if value not in choices:
+            raise ConfigError(f"{name}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}")
+    if not isinstance(cfg.compile_backend, str) or not cfg.compile_backend:
+        raise ConfigError("compile_backend must be a backend name such as 'inductor', 'aot_eager' or 'eager'")
+    if not isinstance(cfg.checkpoint_target, str) or not cfg.checkpoint_target.strip():
+        raise ConfigError("checkpoint_target must be a module class name, a name pattern such as 'encoder.*', or 'auto'")
+    if not isinstance(cfg.extra, dict):
+        raise ConfigError(f"extra must be a dict of workload options, got {type(cfg.extra).__name__}")
+
+
+def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+
+
+def _check_numbers(cfg: TrainConfig) -> None:
+    _check_int("batch_size", cfg.batch_size, 1, allow_none=True)
+    _check_int("grad_accumulation", cfg.grad_accumulation, 1)
+    _check_int("num_workers", cfg.num_workers, 0)
+    _check_int("prefetch_factor", cfg.prefetch_factor, 1, allow_none=True)
+    _check_int("seed", cfg.seed, 0)
+    if isinstance(cfg.lr, bool) or not isinstance(cfg.lr, (int, float)) or not cfg.lr > 0:
+        raise ConfigError(f"lr must be a positive number, got {cfg.lr!r}")
+
+
+def _check_combinations(cfg: TrainConfig) -> None:
+    if cfg.compile == "off" and (cfg.compile_fullgraph or cfg.compile_dynamic is not None):
+        raise ConfigError("compile_fullgraph/compile_dynamic need compile on; set compile=default (or another mode)")
+    if cfg.compile == "off" and cfg.compile_backend != "inductor":
+        raise ConfigError("compile_backend is set but compile=off; set compile=default to use the backend")
+    if cfg.activation_checkpointing == "off" and cfg.checkpoint_target != "auto":
+        raise ConfigError(
+            "checkpoint_target is set but activation_checkpointing=off; set activation_checkpointing=full or selective"
+        )
+    if cfg.cuda_graphs and cfg.compile in COMPILE_MODES_WITH_CUDA_GRAPHS:
+        raise ConfigError(
+            f"compile={cfg.compile} already captures CUDA graphs; "
+            "set cuda_graphs=false, or use compile=default / max-autotune-no-cudagraphs with cuda_graphs=true"
+        )
+    if cfg.cuda_graphs and cfg.amp == "fp16":
+        raise ConfigError(
+            "cuda_graphs cannot capture fp16's GradScaler (its inf check synchronizes with the host); "
+            "use amp=bf16, which needs no scaler"
+        )
+    if cfg.num_workers == 0 and cfg.prefetch_factor is not None:
+        raise ConfigError("prefetch_factor needs num_workers > 0; set num_workers=2 (or more) or drop prefetch_factor")
+    if cfg.num_workers == 0 and cfg.persistent_workers:
+        raise ConfigError("persistent_workers needs num_workers > 0; set num_workers=2 (or more)")
+
+
+def _copy(value: Any) -> Any:
+    return dict(value) if isinstance(value, dict) else value

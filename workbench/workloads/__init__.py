@@ -1,0 +1,16 @@
+"""Workloads: built-in autonomous-driving models with size presets, and users' own."""
+
+from workbench.workloads.base import Workload, WorkloadError, default_forward, map_tensors, move_batch
+from workbench.workloads.registry import PRESETS, builtin_workloads, load_workload, register
+
+__all__ = [
+    "PRESETS",
+    "Workload",
+    "WorkloadError",
+    "builtin_workloads",
+    "default_forward",
+    "load_workload",
+    "map_tensors",
+    "move_batch",
+    "register",
+]

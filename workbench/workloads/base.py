@@ -1,0 +1,242 @@
+"""`Workload`: a model factory, its data and its loss — everything a trial needs but the config.
+
+A workload knows nothing of measurement. Built-ins and users' own models share this
+one type; `from_callables` adapts any ordinary `nn.Module` training setup.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, Dataset
+
+    from workbench.config import TrainConfig
+
+
+class WorkloadError(ValueError):
+    """A workload that cannot be built or used; the message says how to fix it."""
+
+
+Batch = Any
+ForwardFn = Callable[["nn.Module", Batch], Any]
+LossFn = Callable[[Any, Batch], "torch.Tensor"]
+BatchFn = Callable[[int, "torch.Generator"], Batch]
+
+
+def default_forward(model: nn.Module, batch: Batch) -> Any:
+    """`model(x)` for a tensor batch or an `(x, target, ...)` tuple; `model(**batch["inputs"])` never guessed."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return model(batch)
+    if isinstance(batch, (tuple, list)) and batch:
+        return model(batch[0])
+    raise WorkloadError(
+        f"cannot feed a batch of type {type(batch).__name__} to the model by default; "
+        "pass forward_fn=lambda model, batch: model(...) to Workload.from_callables"
+    )
+
+
+@dataclass
+class Workload:
+    """A training workload. `loss_fn(output, batch)` must return a scalar tensor."""
+
+    name: str
+    model_fn: Callable[[], nn.Module]
+    loss_fn: LossFn
+    batch_size: int
+    """Default micro-batch size (`TrainConfig.batch_size` overrides it)."""
+    dataset_fn: Callable[[int], Dataset[Any]] | None = None
+    """`dataset_fn(seed)` -> map-style dataset of single samples (collated by the loader)."""
+    batch_fn: BatchFn | None = None
+    """`batch_fn(batch_size, generator)` -> one whole batch; used when there is no dataset."""
+    forward_fn: ForwardFn = default_forward
+    collate_fn: Callable[[list[Any]], Batch] | None = None
+    checkpoint_target: str | None = None
+    """What `checkpoint_target='auto'` means here: the class name of the repeated block."""
+    preset: str | None = None
+    description: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Options the workload was built with (e.g. sample_cost_ms), recorded with results."""
+    source: dict[str, Any] | None = None
+    """How to rebuild it elsewhere: {'kind': 'builtin'|'spec', 'name': ..., 'preset': ..., 'options': ...}."""
+
+    def __post_init__(self) -> None:
+        if (self.dataset_fn is None) == (self.batch_fn is None):
+            raise WorkloadError(f"workload '{self.name}': give exactly one of dataset_fn or batch_fn")
+        if not callable(self.model_fn) or not callable(self.loss_fn) or not callable(self.forward_fn):
+            raise WorkloadError(f"workload '{self.name}': model_fn, loss_fn and forward_fn must be callables")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise WorkloadError(f"workload '{self.name}': batch_size must be a positive integer, got {self.batch_size!r}")
+
+    @classmethod
+    def from_callables(
+        cls,
+        model_fn: Callable[[], nn.Module],
+        loss_fn: LossFn,
+        *,
+        batch_fn: BatchFn | None = None,
+        dataset_fn: Callable[..., Dataset[Any]] | None = None,
+        forward_fn: ForwardFn | None = None,
+        batch_size: int = 8,
+        collate_fn: Callable[[list[Any]], Batch] | None = None,
+        checkpoint_target: str | None = None,
+        name: str = "custom",
+        description: str = "",
+    ) -> Workload:
+        """Wrap a user's own model: `model_fn()` builds it, `loss_fn(output, batch)` scores it.
+
+        Data comes from `batch_fn(batch_size, generator)` (whole synthetic batches) or
+        `dataset_fn()` / `dataset_fn(seed)` (a map-style dataset of samples).
+        """
+        ds_fn = _accepting_seed(dataset_fn) if dataset_fn is not None else None
+        return cls(
+            name=name,
+            model_fn=model_fn,
+            loss_fn=loss_fn,
+            batch_size=batch_size,
+            dataset_fn=ds_fn,
+            batch_fn=batch_fn,
+            forward_fn=forward_fn or default_forward,
+            collate_fn=collate_fn,
+            checkpoint_target=checkpoint_target,
+            description=description,
+        )
+
+    # --- data ---------------------------------------------------------------------
+
+    def effective_batch_size(self, config: TrainConfig) -> int:
+        return config.batch_size or self.batch_size
+
+    def make_dataset(self, config: TrainConfig) -> Dataset[Any]:
+        if self.batch_fn is not None:
+            return BatchFnDataset(self.batch_fn, self.effective_batch_size(config), config.seed)
+        assert self.dataset_fn is not None
+        return self.dataset_fn(config.seed)
+
+    def make_loader(self, config: TrainConfig) -> DataLoader[Any]:
+        """A deterministic DataLoader with the config's loader settings (same seed → same batches)."""
+        import torch
+        from torch.utils.data import DataLoader
+
+        from workbench.device import pin_memory_supported
+
+        dataset = self.make_dataset(config)
+        kwargs: dict[str, Any] = {
+            "num_workers": config.num_workers,
+            "pin_memory": config.pin_memory and pin_memory_supported(),
+            "shuffle": False,  # order is part of determinism; the data are synthetic anyway
+        }
+        if config.num_workers > 0:
+            kwargs["persistent_workers"] = config.persistent_workers
+            if config.prefetch_factor is not None:
+                kwargs["prefetch_factor"] = config.prefetch_factor
+            kwargs["generator"] = torch.Generator().manual_seed(config.seed)
+        if self.batch_fn is not None:
+            return DataLoader(dataset, batch_size=None, **kwargs)
+        return DataLoader(
+            dataset,
+            batch_size=self.effective_batch_size(config),
+            drop_last=True,
+            collate_fn=self.collate_fn,
+            **kwargs,
+        )
+
+    def batches(self, config: TrainConfig) -> Iterator[Batch]:
+        """Endless batches: the loader is iterated again when it runs out."""
+        loader = self.make_loader(config)
+        while True:
+            produced = False
+            for batch in loader:
+                produced = True
+                yield batch
+            if not produced:
+                raise WorkloadError(
+                    f"workload '{self.name}' produced no batch: its dataset has fewer samples than one batch "
+                    f"({self.effective_batch_size(config)}); lower batch_size or enlarge the dataset"
+                )
+
+    def samples_in(self, batch: Batch) -> int:
+        """Samples in a batch: the leading dimension of its first tensor."""
+        tensor = _first_tensor(batch)
+        if tensor is None or tensor.dim() == 0:
+            raise WorkloadError(f"workload '{self.name}': cannot count samples in a batch without a batched tensor")
+        return int(tensor.shape[0])
+
+    def describe(self) -> str:
+        preset = f" [{self.preset}]" if self.preset else ""
+        return f"{self.name}{preset}"
+
+
+class BatchFnDataset:
+    """Item i is `batch_fn(batch_size, generator seeded by (seed, i))`: reproducible whole batches."""
+
+    def __init__(self, batch_fn: BatchFn, batch_size: int, seed: int, length: int = 1_000_000) -> None:
+        self.batch_fn, self.batch_size, self.seed, self.length = batch_fn, batch_size, seed, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> Batch:
+        import torch
+
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        return self.batch_fn(self.batch_size, generator)
+
+
+def move_batch(batch: Batch, device: torch.device | str, non_blocking: bool = False) -> Batch:
+    """Copy every tensor in a (nested) batch to `device`."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, dict):
+        return {k: move_batch(v, device, non_blocking) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        moved = [move_batch(v, device, non_blocking) for v in batch]
+        return type(batch)(moved) if not hasattr(batch, "_fields") else type(batch)(*moved)
+    return batch
+
+
+def map_tensors(batch: Batch, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
+    """Apply `fn` to every tensor in a (nested) batch."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, dict):
+        return {k: map_tensors(v, fn) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        mapped = [map_tensors(v, fn) for v in batch]
+        return type(batch)(mapped) if not hasattr(batch, "_fields") else type(batch)(*mapped)
+    return batch
+
+
+def _first_tensor(batch: Batch) -> torch.Tensor | None:
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch
+    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    for value in values:
+        found = _first_tensor(value)
+        if found is not None:
+            return found
+    return None
+
+
+def _accepting_seed(dataset_fn: Callable[..., Dataset[Any]]) -> Callable[[int], Dataset[Any]]:
+    """Let users pass `dataset_fn()` or `dataset_fn(seed)`."""
+    try:
+        takes_seed = len(inspect.signature(dataset_fn).parameters) >= 1
+    except (TypeError, ValueError):
+        takes_seed = False
+    if takes_seed:
+        return dataset_fn
+    return lambda seed: dataset_fn()

@@ -1,0 +1,106 @@
+"""Where workloads come from: the built-in registry and `"package.module:attr"` specs.
+
+A spec lets the CLI and a worker process rebuild a user's workload by import, which
+is both the portable path and the fallback when a notebook object cannot be pickled.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from workbench.workloads.base import Workload, WorkloadError
+
+PRESETS = ("tiny", "base", "large")
+
+
+@dataclass(frozen=True)
+class BuiltinWorkload:
+    name: str
+    builder: Callable[..., Workload]
+    """`builder(preset, **options)` -> Workload."""
+    description: str
+
+
+_BUILTINS: dict[str, BuiltinWorkload] = {}
+
+
+def register(name: str, description: str) -> Callable[[Callable[..., Workload]], Callable[..., Workload]]:
+    """Decorator: make `builder(preset, **options)` available by name."""
+
+    def wrap(builder: Callable[..., Workload]) -> Callable[..., Workload]:
+        _BUILTINS[name] = BuiltinWorkload(name, builder, description)
+        return builder
+
+    return wrap
+
+
+def builtin_workloads() -> dict[str, BuiltinWorkload]:
+    _import_builtins()
+    return dict(_BUILTINS)
+
+
+def load_workload(spec: str | Workload, preset: str = "tiny", **options: Any) -> Workload:
+    """A built-in name ('bev-perception'), a 'package.module:attr' spec, or a Workload as is.
+
+    For a spec, `attr` is a Workload or a callable returning one; it gets `preset=` and the
+    options when its signature accepts them.
+    """
+    if isinstance(spec, Workload):
+        return spec
+    if not isinstance(spec, str) or not spec.strip():
+        raise WorkloadError(f"a workload is a built-in name or 'package.module:attr', got {spec!r}")
+    if preset not in PRESETS:
+        raise WorkloadError(f"unknown preset '{preset}'; choose one of: {', '.join(PRESETS)}")
+    builtins = builtin_workloads()
+    if spec in builtins:
+        workload = builtins[spec].builder(preset, **options)
+        workload.source = {"kind": "builtin", "name": spec, "preset": preset, "options": dict(options)}
+        return workload
+    if ":" not in spec:
+        raise WorkloadError(
+            f"unknown workload '{spec}'; built-ins: {', '.join(sorted(builtins))}, "
+            "or give your own as 'package.module:function'"
+        )
+    workload = _import_spec(spec, preset, options)
+    workload.source = {"kind": "spec", "name": spec, "preset": preset, "options": dict(options)}
+    return workload
+
+
+def _import_spec(spec: str, preset: str, options: dict[str, Any]) -> Workload:
+    module_name, _, attr_path = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise WorkloadError(f"cannot import '{module_name}' from spec '{spec}': {exc}; is it on PYTHONPATH?") from None
+    obj: Any = module
+    for part in attr_path.split("."):
+        if not hasattr(obj, part):
+            raise WorkloadError(f"'{module_name}' has no attribute '{attr_path}' (spec '{spec}')")
+        obj = getattr(obj, part)
+    if isinstance(obj, Workload):
+        return obj
+    if not callable(obj):
+        raise WorkloadError(f"'{spec}' is a {type(obj).__name__}; it must be a Workload or a function returning one")
+    result = obj(**_accepted_kwargs(obj, {"preset": preset, **options}))
+    if not isinstance(result, Workload):
+        raise WorkloadError(f"'{spec}' returned {type(result).__name__}, not a Workload; build one with Workload.from_callables")
+    return result
+
+
+def _accepted_kwargs(fn: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return {}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+def _import_builtins() -> None:
+    # Importing the modules runs their @register decorators.
+    from workbench.workloads import bev, planner, vlm  # noqa: F401
