@@ -1,0 +1,89 @@
+"""The public API the CLI, the notebook app and the server share: run one trial, run a comparison.
+
+Thin on purpose: trials come from `measure`, statistics from `analysis`; this module
+only decides the order trials run in (interleaved repeats) and pairs the results up.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from workbench.analysis.compare import Comparison, compare_trials
+from workbench.config import ConfigError, TrainConfig
+from workbench.measure import EventSink, TrialResult, run_trial
+from workbench.workloads import Workload
+
+
+@dataclass
+class ComparisonRun:
+    comparison: Comparison
+    baseline_runs: list[TrialResult]
+    candidate_runs: list[list[TrialResult]]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON shape: {'baseline': run, 'candidates': [run + comparison fields], 'repeats': N}."""
+        comp = self.comparison
+        candidates = []
+        for runs, row in zip(self.candidate_runs, comp.candidates):
+            item = runs[0].to_dict()
+            item.update(
+                status=row.summary.status,
+                median_step_ms=row.summary.median_step_ms,
+                speedup=row.speedup,
+                speedup_ci=list(row.speedup_ci) if row.speedup_ci else None,
+                verdict=row.verdict,
+                numerics_ok=row.numerics_ok,
+                max_loss_deviation=row.max_loss_deviation,
+                loss_tolerance=row.loss_tolerance,
+                peak_memory_delta_bytes=row.peak_memory_delta_bytes,
+                final_loss_delta=row.final_loss_delta,
+                break_even_steps=row.break_even_steps,
+                config_diff={k: list(v) for k, v in row.config_diff.items()},
+                repeat_trial_ids=row.summary.trial_ids,
+            )
+            candidates.append(item)
+        baseline = self.baseline_runs[0].to_dict()
+        baseline.update(median_step_ms=comp.baseline.median_step_ms, repeat_trial_ids=comp.baseline.trial_ids)
+        return {"baseline": baseline, "candidates": candidates, "repeats": comp.repeats, "confidence": comp.confidence}
+
+
+def run_comparison(
+    workload: Workload | str,
+    baseline: TrainConfig,
+    candidates: Sequence[TrainConfig],
+    *,
+    repeats: int = 1,
+    warmup: int = 3,
+    steps: int = 20,
+    device: Any = None,
+    preset: str = "tiny",
+    on_event: EventSink | None = None,
+    cancel: threading.Event | None = None,
+    **trial_options: Any,
+) -> ComparisonRun:
+    """Run baseline and candidates interleaved (B C1 C2 B C1 C2 ...) `repeats` times, then compare."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError(f"repeats must be an integer >= 1, got {repeats!r}")
+    if not candidates:
+        raise ConfigError("a comparison needs at least one candidate configuration")
+    configs = [baseline, *candidates]
+    runs: list[list[TrialResult]] = [[] for _ in configs]
+    for _ in range(repeats):
+        for index, config in enumerate(configs):
+            result = run_trial(
+                workload,
+                config,
+                warmup=warmup,
+                steps=steps,
+                device=device,
+                preset=preset,
+                on_event=on_event,
+                cancel=cancel,
+                **trial_options,
+            )
+            runs[index].append(result)
+    comparison = compare_trials(runs[0], runs[1:])
+    return ComparisonRun(comparison, runs[0], runs[1:])

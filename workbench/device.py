@@ -1,0 +1,316 @@
+"""What this machine can do: device facts, each toggle value's availability with a reason.
+
+Availability is probed where probing is cheap and honest (run a tiny SDPA under each
+backend, build a fused optimizer) rather than inferred from version numbers. This
+module reports; it never decides policy beyond refusing what cannot run.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import shutil
+import warnings
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from workbench.config import COMPILE_MODES_WITH_CUDA_GRAPHS, ConfigError, TrainConfig, field_choices
+from workbench.peak_specs import DeviceSpec, lookup_spec
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a toggle value can run here; `reason` says why not (or a caveat when it can)."""
+
+    available: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    type: str
+    """'cpu' or 'cuda'."""
+    name: str
+    count: int
+    """Accelerators of this type visible to the process (CPU: 1)."""
+    cpu_cores: int
+    total_memory_bytes: int | None
+    compute_capability: tuple[int, int] | None
+    torch_version: str
+    cuda_version: str | None
+    spec: DeviceSpec | None
+    """Peak FLOP/s and bandwidth from the table, when this device is in it."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+ALWAYS = Availability(True)
+
+
+def resolve_device(device: str | torch.device | None = None) -> torch.device:
+    """None → the first CUDA device when there is one, else the CPU. Unknown devices fail clearly."""
+    import torch
+
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f"unknown device {device!r} ({exc}); use 'cpu', 'cuda' or 'cuda:N'") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} asked for, but {_no_cuda_reason()}; use device='cpu'")
+    if resolved.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device type '{resolved.type}' is not supported; use 'cpu' or 'cuda'")
+    if resolved.type == "cuda" and resolved.index is not None and resolved.index >= torch.cuda.device_count():
+        raise ConfigError(f"{device} does not exist: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return resolved
+
+
+def device_info(device: str | torch.device | None = None) -> DeviceInfo:
+    import torch
+
+    dev = resolve_device(device)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if dev.type == "cuda":
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        return DeviceInfo(
+            type="cuda",
+            name=props.name,
+            count=torch.cuda.device_count(),
+            cpu_cores=cores,
+            total_memory_bytes=int(props.total_memory),
+            compute_capability=(props.major, props.minor),
+            torch_version=torch.__version__,
+            cuda_version=torch.version.cuda,
+            spec=lookup_spec(props.name),
+        )
+    return DeviceInfo(
+        type="cpu",
+        name=_cpu_name(),
+        count=1,
+        cpu_cores=cores,
+        total_memory_bytes=_host_memory(),
+        compute_capability=None,
+        torch_version=torch.__version__,
+        cuda_version=None,
+        spec=None,
+    )
+
+
+def pin_memory_supported() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+# --- capabilities ------------------------------------------------------------------
+
+
+def capabilities(device: str | torch.device | None = None) -> dict[str, dict[Any, Availability]]:
+    """For every enumerated TrainConfig field: each value → Availability on this device."""
+    dev = resolve_device(device)
+    return _capabilities_cached(str(dev))
+
+
+@functools.lru_cache(maxsize=8)
+def _capabilities_cached(device_str: str) -> dict[str, dict[Any, Availability]]:
+    import torch
+
+    dev = torch.device(device_str)
+    caps: dict[str, dict[Any, Availability]] = {}
+    for name in ("amp", "compile", "cuda_graphs", "matmul_precision", "optimizer_impl", "attention_backend", "pin_memory"):
+        choices = field_choices(name) or ()
+        caps[name] = {value: _availability(name, value, dev) for value in choices}
+    for name in ("compile_fullgraph", "channels_last", "activation_checkpointing", "optimizer", "persistent_workers"):
+        caps[name] = dict.fromkeys(field_choices(name) or (), ALWAYS)
+    return caps
+
+
+def check_config(config: TrainConfig, device: str | torch.device | None = None) -> None:
+    """Raise ConfigError when the config asks for something this device cannot do."""
+    dev = resolve_device(device)
+    caps = capabilities(dev)
+    for name, table in caps.items():
+        value = getattr(config, name)
+        availability = table.get(value)
+        if availability is not None and not availability.available:
+            raise ConfigError(f"{name}={value} is not available on {dev}: {availability.reason}")
+    if config.compile != "off" and config.compile_backend not in _known_backends():
+        raise ConfigError(
+            f"compile_backend '{config.compile_backend}' is not registered; choose one of: {', '.join(_known_backends())}"
+        )
+
+
+def capabilities_report(device: str | torch.device | None = None) -> dict[str, Any]:
+    """Plain data for the CLI/JSON/UI: device facts plus every value's availability."""
+    info = device_info(device)
+    caps = capabilities(device)
+    return {
+        "device": info.to_dict(),
+        "toggles": {
+            name: {_key(v): {"available": a.available, "reason": a.reason} for v, a in table.items()}
+            for name, table in caps.items()
+        },
+    }
+
+
+def _key(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _availability(name: str, value: Any, dev: torch.device) -> Availability:
+    probe = _PROBES.get(name)
+    return probe(value, dev) if probe else ALWAYS
+
+
+def _amp(value: str, dev: torch.device) -> Availability:
+    import torch
+
+    if value == "fp32":
+        return ALWAYS
+    if dev.type == "cuda":
+        if value == "bf16" and not torch.cuda.is_bf16_supported():
+            return Availability(False, "this GPU has no bfloat16 support (needs compute capability 8.0+); use amp=fp16")
+        return ALWAYS
+    if value == "fp16":
+        return Availability(True, "runs on CPU, but CPUs without fp16 matrix units (no AMX-FP16) are slower than fp32")
+    return ALWAYS
+
+
+def _compile(value: str, dev: torch.device) -> Availability:
+    if value == "off":
+        return ALWAYS
+    if dev.type == "cpu" and value in COMPILE_MODES_WITH_CUDA_GRAPHS:
+        if value == "reduce-overhead":
+            return Availability(False, "reduce-overhead works by capturing CUDA graphs; on CPU it would silently equal 'default'")
+        return Availability(True, "on CPU max-autotune tunes CPU kernels only (no CUDA graphs); expect long compiles")
+    if dev.type == "cpu" and not any(shutil.which(cc) for cc in ("g++", "c++", "clang++")):
+        return Availability(False, "inductor needs a C++ compiler on CPU; install g++ (apt-get install g++)")
+    if dev.type == "cuda" and importlib.util.find_spec("triton") is None:
+        return Availability(False, "inductor needs Triton on CUDA; pip install triton")
+    return ALWAYS
+
+
+def _cuda_graphs(value: bool, dev: torch.device) -> Availability:
+    if not value or dev.type == "cuda":
+        return ALWAYS
+    return Availability(False, f"CUDA graphs need a CUDA device; this trial runs on {dev.type} ({_no_cuda_reason()})")
+
+
+def _matmul_precision(value: str, dev: torch.device) -> Availability:
+    import torch
+
+    if value == "highest":
+        return ALWAYS
+    if dev.type != "cuda":
+        return Availability(False, "TF32 is an NVIDIA Ampere+ tensor-core mode; on CPU this setting changes nothing")
+    major, _ = torch.cuda.get_device_capability(dev)
+    if major < 8:
+        return Availability(False, f"TF32 needs compute capability 8.0+, this GPU is {major}.x")
+    return ALWAYS
+
+
+def _optimizer_impl(value: str, dev: torch.device) -> Availability:
+    if value != "fused":
+        return ALWAYS
+    import torch
+
+    param = torch.zeros(4, device=dev, requires_grad=True)
+    param.grad = torch.ones_like(param)
+    try:
+        torch.optim.AdamW([param], fused=True).step()
+    except (RuntimeError, ValueError) as exc:
+        return Availability(False, f"fused AdamW is not supported here: {_first_line(exc)}")
+    return ALWAYS
+
+
+def _attention_backend(value: str, dev: torch.device) -> Availability:
+    if value == "auto":
+        return ALWAYS
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {
+        "math": SDPBackend.MATH,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+    }[value]
+    dtype = torch.float32
+    if dev.type == "cuda":
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    q = torch.randn(1, 2, 16, 64, device=dev, dtype=dtype)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with sdpa_kernel(backend):
+                F.scaled_dot_product_attention(q, q, q)
+        except RuntimeError:
+            why = "; ".join(_first_line(w.message) for w in caught) or "PyTorch has no such kernel for this device"
+            return Availability(False, f"the {value} SDPA kernel cannot run on {dev.type}: {why}")
+    return ALWAYS
+
+
+def _pin_memory(value: bool, dev: torch.device) -> Availability:
+    if not value or dev.type == "cuda":
+        return ALWAYS
+    return Availability(False, "pinned memory speeds host-to-GPU copies; there is no GPU to copy to")
+
+
+_PROBES: dict[str, Any] = {
+    "amp": _amp,
+    "compile": _compile,
+    "cuda_graphs": _cuda_graphs,
+    "matmul_precision": _matmul_precision,
+    "optimizer_impl": _optimizer_impl,
+    "attention_backend": _attention_backend,
+    "pin_memory": _pin_memory,
+}
+
+
+@functools.lru_cache(maxsize=1)
+def _known_backends() -> tuple[str, ...]:
+    import torch._dynamo
+
+    return tuple(torch._dynamo.list_backends(exclude_tags=()))
+
+
+def _no_cuda_reason() -> str:
+    import torch
+
+    if torch.version.cuda is None:
+        return f"this PyTorch build ({torch.__version__}) is CPU-only"
+    return "no CUDA device is visible (check the driver and CUDA_VISIBLE_DEVICES)"
+
+
+def _first_line(obj: object) -> str:
+    return str(obj).strip().splitlines()[0] if str(obj).strip() else type(obj).__name__
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _host_memory() -> int | None:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except ImportError:
+        return None

@@ -1,0 +1,17 @@
+"""Measured training windows: `run_trial`, its events and its result."""
+
+from workbench.measure.events import Event, EventSink, StepMeasured, TrialFinished, TrialStarted, event_to_dict
+from workbench.measure.result import STATUSES, TrialResult
+from workbench.measure.trial import run_trial
+
+__all__ = [
+    "STATUSES",
+    "Event",
+    "EventSink",
+    "StepMeasured",
+    "TrialFinished",
+    "TrialResult",
+    "TrialStarted",
+    "event_to_dict",
+    "run_trial",
+]

@@ -1,0 +1,52 @@
+"""Events a trial emits while it runs: the one stream the UI, CLI progress and the store subscribe to.
+
+Plain, picklable dataclasses, so the same events cross from a worker process unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Union
+
+if TYPE_CHECKING:
+    from workbench.measure.result import TrialResult
+
+
+@dataclass(frozen=True)
+class TrialStarted:
+    trial_id: str
+    workload: str
+    config: dict[str, Any]
+    warmup: int
+    steps: int
+    device: str
+
+
+@dataclass(frozen=True)
+class StepMeasured:
+    trial_id: str
+    step: int
+    """Global step index: warm-up steps first (0..warmup-1), then the timed window."""
+    timed: bool
+    """False for warm-up steps, which never enter the statistics."""
+    step_ms: float
+    loss: float | None
+    phase_ms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrialFinished:
+    trial_id: str
+    result: TrialResult
+
+
+Event = Union[TrialStarted, StepMeasured, TrialFinished]
+EventSink = Callable[[Event], None]
+
+
+def event_to_dict(event: Event) -> dict[str, Any]:
+    """JSON-ready form with a 'type' key (the result is expanded by its own to_dict)."""
+    if isinstance(event, TrialFinished):
+        return {"type": "TrialFinished", "trial_id": event.trial_id, "result": event.result.to_dict()}
+    return {"type": type(event).__name__, **asdict(event)}

@@ -1,0 +1,57 @@
+"""A one-line progress display on stderr that subscribes to trial events.
+
+Hand-written rather than tqdm: it is an event sink, not a loop wrapper, and the CLI
+must run on GPU machines that have only torch and numpy (see FIELD-NOTES).
+"""
+
+from __future__ import annotations
+
+import sys
+from types import TracebackType
+from typing import TextIO
+
+from workbench.measure.events import Event, StepMeasured, TrialFinished, TrialStarted
+
+
+class ProgressLine:
+    """Callable event sink: `run_trial(..., on_event=ProgressLine())`."""
+
+    def __init__(self, enabled: bool = True, stream: TextIO | None = None, width: int = 24) -> None:
+        self.enabled, self.stream, self.width = enabled, stream or sys.stderr, width
+        self._label, self._total, self._warmup, self._done = "", 0, 0, 0
+        self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def __call__(self, event: Event) -> None:
+        if not self.enabled:
+            return
+        if isinstance(event, TrialStarted):
+            from workbench.config import TrainConfig
+
+            self._label = f"{event.workload} | {TrainConfig.from_dict(event.config).describe()}"
+            self._total, self._warmup, self._done = event.warmup + event.steps, event.warmup, 0
+            self._draw("starting")
+        elif isinstance(event, StepMeasured):
+            self._done = event.step + 1
+            kind = "step" if event.timed else "warm-up"
+            self._draw(f"{kind} {event.step_ms:7.1f} ms")
+        elif isinstance(event, TrialFinished):
+            result = event.result
+            median = f"median {result.median_step_ms:.1f} ms" if result.median_step_ms else result.status
+            self._draw(median if result.ok else f"{result.status}: {result.message.splitlines()[0][:80]}", final=True)
+
+    def _draw(self, note: str, final: bool = False) -> None:
+        filled = int(self.width * self._done / self._total) if self._total else 0
+        bar = "#" * filled + "-" * (self.width - filled)
+        line = f"[{bar}] {self._done}/{self._total} {self._label}: {note}"
+        if self._tty:
+            self.stream.write("\r\033[K" + line + ("\n" if final else ""))
+        elif final or self._done in (0, self._warmup):
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def __enter__(self) -> ProgressLine:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self.enabled and self._tty and kind is not None:
+            self.stream.write("\n")
