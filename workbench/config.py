@@ -67,13 +67,13 @@ class TrainConfig:
     """`torch.set_float32_matmul_precision`: 'high' allows TF32 on NVIDIA Ampere and newer."""
 
     optimizer: OptimizerName = "adamw"
-    """Optimizer algorithm."""
+    """Optimizer algorithm: AdamW, or SGD with momentum 0.9."""
 
     optimizer_impl: OptimizerImpl = "for-loop"
     """Kernel strategy: one kernel per parameter ('for-loop'), batched ('foreach'), or fused."""
 
     lr: float = 1e-3
-    """Learning rate."""
+    """Learning rate of the optimizer (the same for every candidate keeps losses comparable)."""
 
     attention_backend: AttentionBackend = "auto"
     """Backend for `F.scaled_dot_product_attention`; 'auto' lets PyTorch choose."""

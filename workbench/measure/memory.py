@@ -9,6 +9,7 @@ MemTracker, which also splits the peak by category. MemTracker is a private API
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -67,7 +68,10 @@ def track_step_memory(model: Any, optimizer: Any, run_step: Callable[[], Any]) -
     tracker = _mem_tracker_class()()
     try:
         tracker.track_external(model, optimizer)
-        with tracker:
+        with tracker, warnings.catch_warnings():
+            # MemTracker's global module hooks make a compiled module warn that hooks fire twice;
+            # harmless here: memory is attributed per tensor, not per hook call.
+            warnings.filterwarnings("ignore", message=".*global hooks on modules.*", category=UserWarning)
             run_step()
         snapshot = tracker.get_tracker_snapshot("peak")
     except (AttributeError, TypeError) as exc:

@@ -1,0 +1,105 @@
+"""Capabilities: every toggle value's availability on this device, with a reason when it cannot run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workbench.config import ConfigError, TrainConfig
+from workbench.device import capabilities, capabilities_report, check_config, device_info, resolve_device
+from workbench.peak_specs import lookup_spec
+
+needs_cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="asserts CPU-only behaviour")
+
+
+@needs_cpu_only
+def test_cpu_capabilities_refuse_gpu_only_toggles_with_reasons() -> None:
+    caps = capabilities("cpu")
+    assert not caps["cuda_graphs"][True].available
+    assert "CUDA" in caps["cuda_graphs"][True].reason
+    assert not caps["compile"]["reduce-overhead"].available
+    assert "CUDA graphs" in caps["compile"]["reduce-overhead"].reason
+    assert not caps["pin_memory"][True].available
+    assert not caps["matmul_precision"]["high"].available
+    assert "TF32" in caps["matmul_precision"]["high"].reason
+    for value, availability in caps["attention_backend"].items():
+        if not availability.available:
+            assert availability.reason, f"{value} is unavailable without a reason"
+
+
+def test_sdpa_probe_matches_what_pytorch_really_does() -> None:
+    """The capability table must agree with running the kernel: an independent check of the probe."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(1, 2, 16, 64)
+    for name, backend in (("math", SDPBackend.MATH), ("flash", SDPBackend.FLASH_ATTENTION),
+                          ("efficient", SDPBackend.EFFICIENT_ATTENTION)):  # fmt: skip
+        try:
+            with sdpa_kernel(backend):
+                F.scaled_dot_product_attention(q, q, q)
+            runs = True
+        except RuntimeError:
+            runs = False
+        assert capabilities("cpu")["attention_backend"][name].available == runs, name
+
+
+@needs_cpu_only
+def test_asking_for_an_unavailable_toggle_is_a_config_error_not_a_no_op() -> None:
+    for overrides, reason in [
+        ("cuda_graphs=true", "CUDA graphs need a CUDA device"),
+        ("compile=reduce-overhead", "reduce-overhead"),
+        ("pin_memory=true", "no GPU"),
+        ("attention_backend=efficient", "efficient SDPA kernel cannot run"),
+    ]:
+        with pytest.raises(ConfigError, match=reason):
+            check_config(TrainConfig().with_overrides(overrides), "cpu")
+    check_config(TrainConfig(amp="bf16", channels_last=True, optimizer_impl="fused"), "cpu")
+
+
+def test_unknown_compile_backend_names_the_registered_ones() -> None:
+    with pytest.raises(ConfigError, match="not registered; choose one of:.*inductor"):
+        check_config(TrainConfig(compile="default", compile_backend="nope"), "cpu")
+
+
+@needs_cpu_only
+def test_resolve_device_explains_missing_cuda() -> None:
+    assert resolve_device(None).type == "cpu"
+    with pytest.raises(ConfigError, match="CPU-only|no CUDA device"):
+        resolve_device("cuda")
+    with pytest.raises(ConfigError, match="unknown device"):
+        resolve_device("tpu:banana")
+
+
+def test_device_info_and_report_are_plain_data() -> None:
+    info = device_info("cpu")
+    assert info.type == "cpu" and info.count == 1 and info.cpu_cores >= 1
+    assert info.torch_version == torch.__version__
+    report = capabilities_report("cpu")
+    assert report["toggles"]["amp"]["bf16"] == {"available": True, "reason": ""}
+    assert set(report["toggles"]["cuda_graphs"]) == {"true", "false"}
+
+
+@pytest.mark.parametrize(
+    ("torch_name", "table_name", "bf16_tflops", "bandwidth_tbs"),
+    [
+        ("NVIDIA H100 80GB HBM3", "H100 SXM", 989.4, 3.35),
+        ("NVIDIA H100 PCIe", "H100 PCIe", 756.5, 2.0),
+        ("NVIDIA H200", "H200 SXM", 989.4, 4.8),
+        ("NVIDIA A100-SXM4-80GB", "A100 SXM 80GB", 312, 2.039),
+        ("NVIDIA A100-PCIE-40GB", "A100 PCIe 40GB", 312, 1.555),
+        ("NVIDIA L40S", "L40S", 362.05, 0.864),
+        ("NVIDIA L4", "L4", 121, 0.3),
+    ],
+)
+def test_peak_table_matches_datasheets(torch_name: str, table_name: str, bf16_tflops: float, bandwidth_tbs: float) -> None:
+    spec = lookup_spec(torch_name)
+    assert spec is not None and spec.name == table_name
+    assert spec.peak_flops("bf16") == pytest.approx(bf16_tflops * 1e12)
+    assert spec.memory_bandwidth == pytest.approx(bandwidth_tbs * 1e12)
+
+
+def test_peak_table_knows_unsupported_dtypes_and_unknown_devices() -> None:
+    v100 = lookup_spec("Tesla V100-SXM2-32GB")
+    assert v100 is not None and v100.peak_flops("bf16") is None
+    assert lookup_spec("AMD Ryzen 9 7950X") is None
