@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +48,7 @@ def load_workload(spec: str | Workload, preset: str = "tiny", **options: Any) ->
     """A built-in name ('bev-perception'), a 'package.module:attr' spec, or a Workload as is.
 
     For a spec, `attr` is a Workload or a callable returning one; it gets `preset=` and the
-    options when its signature accepts them.
+    options when its signature accepts them. Option `slow_step_ms` applies to every workload.
     """
     if isinstance(spec, Workload):
         return spec
@@ -55,19 +56,45 @@ def load_workload(spec: str | Workload, preset: str = "tiny", **options: Any) ->
         raise WorkloadError(f"a workload is a built-in name or 'package.module:attr', got {spec!r}")
     if preset not in PRESETS:
         raise WorkloadError(f"unknown preset '{preset}'; choose one of: {', '.join(PRESETS)}")
+    all_options = dict(options)
+    slow_step_ms = float(options.pop("slow_step_ms", 0.0) or 0.0)
     builtins = builtin_workloads()
     if spec in builtins:
         workload = builtins[spec].builder(preset, **options)
-        workload.source = {"kind": "builtin", "name": spec, "preset": preset, "options": dict(options)}
-        return workload
+        workload.source = {"kind": "builtin", "name": spec, "preset": preset, "options": all_options}
+        return with_step_delay(workload, slow_step_ms)
     if ":" not in spec:
         raise WorkloadError(
             f"unknown workload '{spec}'; built-ins: {', '.join(sorted(builtins))}, "
             "or give your own as 'package.module:function'"
         )
     workload = _import_spec(spec, preset, options)
-    workload.source = {"kind": "spec", "name": spec, "preset": preset, "options": dict(options)}
+    workload.source = {"kind": "spec", "name": spec, "preset": preset, "options": all_options}
+    return with_step_delay(workload, slow_step_ms)
+
+
+def with_step_delay(workload: Workload, delay_ms: float) -> Workload:
+    """Option `slow_step_ms`: sleep that long in every forward — a deliberate, known regression
+    for testing regression checks and verdicts (never a real optimization)."""
+    if delay_ms < 0:
+        raise WorkloadError(f"slow_step_ms must be >= 0, got {delay_ms}")
+    if not delay_ms:
+        return workload
+    forward = workload.forward_fn
+
+    def slowed_forward(model: Any, batch: Any) -> Any:
+        _sleep(delay_ms / 1000.0)
+        return forward(model, batch)
+
+    workload.forward_fn = slowed_forward
+    workload.options = {**workload.options, "slow_step_ms": delay_ms}
     return workload
+
+
+def _sleep(seconds: float) -> None:
+    import torch
+
+    torch.compiler.disable(time.sleep)(seconds)
 
 
 def _import_spec(spec: str, preset: str, options: dict[str, Any]) -> Workload:

@@ -1,0 +1,128 @@
+"""The `workbench` command as a user runs it: a real subprocess, JSON output, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+CLI = [sys.executable, "-m", "workbench.cli"]
+
+
+def workbench(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=env, check=False)
+
+
+def test_run_json_has_the_documented_keys() -> None:
+    proc = workbench("run", "--workload", "bev-perception", "--preset", "tiny", "--set", "amp=bf16",
+                     "--set", "channels_last=true", "--steps", "3", "--warmup", "1", "--json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    for key in ("status", "config", "median_step_ms", "step_ms", "peak_memory_bytes", "losses", "compile_time_s", "throughput"):
+        assert key in data, key
+    assert data["status"] == "ok"
+    assert data["config"]["amp"] == "bf16" and data["config"]["channels_last"] is True
+    assert len(data["step_ms"]) == 3 and len(data["losses"]) == 4
+    assert data["median_step_ms"] == pytest.approx(sorted(data["step_ms"])[1])
+
+
+def test_run_prints_a_readable_summary() -> None:
+    proc = workbench("run", "--workload", "e2e-planner", "--steps", "2", "--warmup", "1")
+    assert proc.returncode == 0, proc.stderr
+    for label in ("median step", "throughput", "phases", "peak memory", "loss"):
+        assert label in proc.stdout
+
+
+def test_compare_json_reports_speedup_interval_and_verdict() -> None:
+    proc = workbench("compare", "--workload", "bev-perception", "--baseline", "amp=fp32",
+                     "--candidate", "extra.slow_step_ms=300", "--steps", "8", "--warmup", "1", "--json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["baseline"]["status"] == "ok"
+    (candidate,) = data["candidates"]
+    for key in ("speedup", "speedup_ci", "verdict", "numerics_ok", "status", "peak_memory_delta_bytes"):
+        assert key in candidate
+    assert candidate["speedup"] == pytest.approx(data["baseline"]["median_step_ms"] / candidate["median_step_ms"])
+    low, high = candidate["speedup_ci"]
+    assert low <= candidate["speedup"] <= high
+    assert candidate["verdict"] == "slower"  # 300 ms of sleep per step is a regression a compare must see
+
+
+def test_compare_table_shows_every_candidate() -> None:
+    proc = workbench("compare", "--baseline", "amp=fp32", "--candidate", "amp=bf16",
+                     "--candidate", "activation_checkpointing=full", "--steps", "3", "--warmup", "1")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "baseline: defaults" in proc.stdout
+    assert "amp=bf16" in proc.stdout and "activation_checkpointing=full" in proc.stdout
+    assert "speedup" in proc.stdout and "CI" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["run", "--preset", "huge"], "invalid choice: 'huge' (choose from tiny, base, large)"),
+        (["run", "--set", "colour=red"], "unknown config field 'colour'; valid fields: amp"),
+        (["run", "--set", "amp=fp8"], "amp='fp8' is not valid; choose one of: fp32, bf16, fp16"),
+        (["run", "--workload", "nope"], "unknown workload 'nope'; built-ins: bev-perception, driving-vlm, e2e-planner"),
+        (["run", "--steps", "0"], "steps must be an integer >= 1"),
+        (["run", "--steps", "many"], "invalid int value: 'many'"),
+        (["run", "--set", "cuda_graphs=true"], "cuda_graphs=True is not available"),
+        (["compare", "--baseline", "amp=fp32"], "the following arguments are required: --candidate"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(args: list[str], expected: str) -> None:
+    proc = workbench(*args)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert expected in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_workloads_and_capabilities_list_what_exists() -> None:
+    data = json.loads(workbench("workloads", "--json").stdout)
+    assert {w["name"] for w in data} == {"bev-perception", "e2e-planner", "driving-vlm"}
+    caps = json.loads(workbench("capabilities", "--json").stdout)
+    assert caps["toggles"]["amp"]["fp32"]["available"] is True
+    for values in caps["toggles"].values():
+        for availability in values.values():
+            assert availability["available"] or availability["reason"]
+    assert "toggle" in workbench("capabilities").stdout
+
+
+def test_bring_your_own_model_by_module_spec(tmp_path: Path) -> None:
+    (tmp_path / "my_models.py").write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+        from workbench.workloads import Workload
+
+        class TinyNet(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+                self.head = nn.Linear(8, 4)
+            def forward(self, x):
+                return self.head(self.body(x))
+
+        def tiny(preset="tiny"):
+            return Workload.from_callables(
+                model_fn=TinyNet,
+                batch_fn=lambda n, g: (torch.randn(n, 3, 16, 16, generator=g), torch.randint(0, 4, (n,), generator=g)),
+                loss_fn=lambda out, batch: nn.functional.cross_entropy(out, batch[1]),
+                batch_size=8, name="tiny-net", checkpoint_target="Sequential",
+            )
+    """))
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = workbench("run", "--workload", "my_models:tiny", "--set", "channels_last=true,activation_checkpointing=full",
+                     "--steps", "3", "--warmup", "1", "--json", env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["workload"] == "tiny-net" and data["status"] == "ok"
+    assert {a["toggle"] for a in data["applied"]} >= {"channels_last", "activation_checkpointing"}
+    missing = workbench("run", "--workload", "no_such_module:tiny", env=env)
+    assert missing.returncode == 2 and "cannot import 'no_such_module'" in missing.stderr
