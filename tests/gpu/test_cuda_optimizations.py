@@ -1,0 +1,158 @@
+"""CUDA tests of `workbench.optimizations`: CUDA-graph capture and replay, fp16 GradScaler, SDPA
+kernels, TF32 scoping. They skip themselves without a GPU and run on a lent GPU machine
+(`scripts/gpu-check`); no mock stands in for the device."""
+
+from __future__ import annotations
+
+from itertools import islice
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from workbench.config import ConfigError, TrainConfig
+from workbench.optimizations import TrainStep, build
+from workbench.workloads.base import Workload
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+class GpuToyNet(nn.Module):
+    """Conv stem with BatchNorm (buffers mutate in the graph) and one attention block."""
+
+    def __init__(self, c: int = 32, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.stem = nn.Sequential(nn.Conv2d(3, c, 3, padding=1), nn.BatchNorm2d(c), nn.GELU())
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+        self.qkv, self.proj, self.head = nn.Linear(c, 3 * c), nn.Linear(c, c), nn.Linear(c, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = self.conv(self.stem(x)).flatten(2).transpose(1, 2)
+        b, n, c = f.shape
+        q, k, v = self.qkv(f).view(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        f = f + self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, c))
+        return self.head(f.mean(1))
+
+
+def _batch(n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(n, 3, 16, 16, generator=generator), torch.randn(n, 4, generator=generator)
+
+
+def _loss(output: torch.Tensor, batch: Any) -> torch.Tensor:
+    return F.mse_loss(output.float(), batch[1])
+
+
+WORKLOAD = Workload.from_callables(GpuToyNet, _loss, batch_fn=_batch, batch_size=8, name="gpu-toy")
+
+
+def _steps(step: TrainStep, config: TrainConfig, count: int) -> list[list[Any]]:
+    batches = [step.prepare_batch(b) for b in islice(WORKLOAD.batches(config), count * config.grad_accumulation)]
+    return [batches[i : i + config.grad_accumulation] for i in range(0, len(batches), config.grad_accumulation)]
+
+
+class OpNames(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.names.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"grad_accumulation": 2, "amp": "bf16", "channels_last": True, "optimizer_impl": "fused"},
+        {"optimizer": "sgd", "optimizer_impl": "foreach"},
+        {"compile": "default", "compile_backend": "aot_eager"},
+    ],
+    ids=["fp32", "bf16-accum-channels_last-fused", "sgd", "aot_eager"],
+)
+def test_cuda_graph_step_follows_the_eager_trajectory(changes: dict[str, Any]) -> None:
+    config = TrainConfig(lr=3e-3, **changes)
+    eager = build(WORKLOAD, config, "cuda")
+    graphed = build(WORKLOAD, config.replace(cuda_graphs=True), "cuda")
+    assert graphed.graphed is not None and graphed.applied[-1].toggle == "cuda_graphs"
+    if config.optimizer == "adamw":
+        assert graphed.optimizer.param_groups[0]["capturable"] is True
+    steps = _steps(graphed, config, 6)
+    marks: list[str] = []
+    graphed_losses = torch.stack([graphed(s, marks.append) for s in steps])
+    eager_losses = torch.stack([eager(s) for s in steps])
+    assert marks == ["step"] * 6 and graphed.graphed.replays == 6
+    tolerance = {"rtol": 2e-2, "atol": 2e-3} if config.amp == "bf16" else {"rtol": 1e-3, "atol": 1e-4}
+    torch.testing.assert_close(graphed_losses, eager_losses, **tolerance)
+    # Warm-up was undone: parameters and BatchNorm statistics match the eager run's.
+    for p, q in zip(eager.base_model.state_dict().values(), graphed.base_model.state_dict().values()):
+        torch.testing.assert_close(q.float(), p.float(), **tolerance)
+    # Replays train: the loss on one repeated step falls.
+    first = graphed(steps[0])
+    for _ in range(30):
+        last = graphed(steps[0])
+    assert float(last) < float(first)
+    assert graphed.graphed.replays == 37
+
+
+def test_cuda_graphs_refuse_new_shapes_and_checkpointing() -> None:
+    config = TrainConfig(cuda_graphs=True)
+    step = build(WORKLOAD, config, "cuda")
+    (batch,) = _steps(step, config, 1)[0]
+    step([batch])
+    with pytest.raises(ValueError, match="fixed batch shapes"):
+        step([(batch[0][:4], batch[1][:4])])
+    with pytest.raises(ConfigError, match="activation checkpointing"):
+        build(WORKLOAD, config.replace(activation_checkpointing="full", checkpoint_target="stem"), "cuda")
+
+
+@pytest.mark.parametrize("impl", ["for-loop", "fused"])
+def test_fp16_grad_scaler_step(impl: str) -> None:
+    config = TrainConfig(amp="fp16", optimizer_impl=impl, lr=3e-3)
+    step = build(WORKLOAD, config, "cuda")
+    assert isinstance(step.scaler, torch.amp.GradScaler)
+    seen: list[torch.dtype] = []
+    step.base_model.head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    steps = _steps(step, config, 1)
+    losses = [step(steps[0]) for _ in range(15)]
+    assert seen[0] == torch.float16
+    assert all(torch.isfinite(loss) for loss in losses) and float(losses[-1]) < float(losses[0])
+    assert step.scaler.get_scale() > 0
+
+
+def test_flash_attention_backend_runs_the_flash_kernel() -> None:
+    if torch.cuda.get_device_capability() < (8, 0) or not torch.backends.cuda.is_flash_attention_available():
+        pytest.skip("flash SDPA needs compute capability 8.0+ and a build with flash attention")
+    names: dict[str, set[str]] = {}
+    for backend in ("flash", "math"):
+        config = TrainConfig(amp="bf16", attention_backend=backend)  # flash takes fp16/bf16 only
+        step = build(WORKLOAD, config, "cuda")
+        recorder = OpNames()
+        with recorder:
+            loss = step(_steps(step, config, 1)[0])
+        assert torch.isfinite(loss)
+        names[backend] = recorder.names
+    assert "_scaled_dot_product_flash_attention" in names["flash"]
+    assert "_scaled_dot_product_flash_attention_backward" in names["flash"]
+    assert not any("flash" in n for n in names["math"])
+
+
+def test_tf32_is_scoped_to_the_step() -> None:
+    if torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("TF32 needs compute capability 8.0+")
+    config = TrainConfig(matmul_precision="high")
+    step = build(WORKLOAD, config, "cuda")
+    seen: list[bool] = []
+    step.base_model.register_forward_pre_hook(lambda module, args: seen.append(torch.backends.cuda.matmul.allow_tf32))
+    before = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
+    step(_steps(step, config, 1)[0])
+    assert seen == [True]
+    assert (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32) == before
+    assert torch.backends.cuda.matmul.allow_tf32 is False

@@ -1,0 +1,47 @@
+"""Automatic mixed precision: autocast around forward and loss, plus a GradScaler for fp16.
+
+bf16 has fp32's exponent range and needs no scaler; fp16 underflows small gradients, so its
+loss is scaled up before backward and the gradients unscaled before the step. The scaler's
+inf/NaN check reads a device flag on the host once per step (PyTorch's design) unless the
+optimizer is fused, which consumes the flag on the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+import torch
+
+from workbench.config import ConfigError
+from workbench.optimizations.record import Applied
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+ContextFactory = Callable[[], AbstractContextManager[object]]
+
+
+def apply_amp(
+    amp: str, device: torch.device, *, cache_enabled: bool = True
+) -> tuple[ContextFactory | None, torch.amp.GradScaler | None, Applied | None]:
+    """Autocast context factory, GradScaler (fp16 only) and record; all None for fp32.
+
+    `cache_enabled=False` is required under CUDA graphs: autocast's cast cache would hold
+    tensors created during capture (PyTorch's CUDA graphs notes, "Usage with torch.cuda.amp").
+    """
+    if amp == "fp32":
+        return None, None, None
+    if amp not in DTYPES:
+        raise ConfigError(f"amp={amp!r} is not valid; choose one of: fp32, bf16, fp16")
+    dtype = DTYPES[amp]
+
+    def autocast() -> AbstractContextManager[object]:
+        return torch.autocast(device.type, dtype=dtype, cache_enabled=cache_enabled)
+
+    scaler = torch.amp.GradScaler(device.type) if amp == "fp16" else None
+    detail = f"torch.autocast('{device.type}', {dtype}) around forward and loss"
+    if scaler is not None:
+        detail += "; GradScaler scales the loss and skips steps with inf/NaN gradients"
+    if not cache_enabled:
+        detail += "; cast cache disabled for CUDA-graph capture"
+    return autocast, scaler, Applied("amp", amp, detail)

@@ -1,0 +1,178 @@
+"""`build()`: turn a Workload and a TrainConfig into a `TrainStep`, applying toggles in one order.
+
+Each toggle lives in its own module; this file only decides the order and records what was
+applied. The step itself never synchronizes with the host, so the measurement layer can time
+it with CUDA events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+
+import torch
+from torch import nn
+
+from workbench.config import TrainConfig
+from workbench.optimizations.amp import ContextFactory, apply_amp
+from workbench.optimizations.attention import apply_attention_backend
+from workbench.optimizations.checkpointing import apply_activation_checkpointing
+from workbench.optimizations.compile import apply_compile
+from workbench.optimizations.cuda_graphs import CudaGraphStep, apply_cuda_graphs
+from workbench.optimizations.memory_format import apply_channels_last, to_channels_last
+from workbench.optimizations.optimizer import apply_optimizer
+from workbench.optimizations.precision import apply_matmul_precision
+from workbench.optimizations.record import Applied
+from workbench.workloads.base import Batch, Workload, move_batch
+
+Mark = Callable[[str], None]
+
+
+def build(workload: Workload, config: TrainConfig, device: str | torch.device | None = None) -> TrainStep:
+    """Build the model, optimizer and step for `config` on `device`; refuse what this device cannot run."""
+    from workbench.device import check_config, resolve_device
+
+    dev = resolve_device(device)
+    check_config(config, dev)
+    torch.manual_seed(config.seed)  # same seed → same initial weights in every trial
+    model = workload.model_fn().to(dev)
+    applied: list[Applied] = []
+
+    # The order, and why:
+    # 1. memory format first: it rewrites parameter storage; the optimizer state (zeros_like
+    #    the parameters) and compiled kernels must see the final layout.
+    if config.channels_last:
+        applied.append(apply_channels_last(model))
+    # 2. activation checkpointing: patches module forwards. Before compile, so dynamo traces the
+    #    checkpointed regions (torchtitan: "turn on per-block compile after AC wrapping").
+    if config.activation_checkpointing != "off":
+        applied.append(
+            apply_activation_checkpointing(
+                model,
+                config.activation_checkpointing,
+                config.checkpoint_target,
+                workload.checkpoint_target,
+                workload.name,
+            )
+        )
+    # 3. optimizer once the model is final, so it holds the parameters that train. CUDA graphs
+    #    need capturable Adam(W) (step counter on the device), so that is decided here already.
+    optimizer, record = apply_optimizer(
+        model, config.optimizer, config.optimizer_impl, config.lr, capturable=config.cuda_graphs
+    )
+    applied.append(record)
+    if config.grad_accumulation > 1:
+        n = config.grad_accumulation
+        applied.append(
+            Applied("grad_accumulation", n, f"{n} micro-batches per optimizer step, each loss divided by {n}")
+        )
+    # 4. AMP: autocast around forward+loss, GradScaler for fp16. Autocast's cast cache must be
+    #    off under CUDA graph capture.
+    autocast, scaler, amp_record = apply_amp(config.amp, dev, cache_enabled=not config.cuda_graphs)
+    # 5. matmul precision / attention backend: contexts scoped to the step (no global leaks).
+    precision, precision_record = apply_matmul_precision(config.matmul_precision, dev)
+    attention, attention_record = apply_attention_backend(config.attention_backend)
+    applied.extend(r for r in (amp_record, precision_record, attention_record) if r is not None)
+    # 6. compile last among module changes: it traces the final forward, and the contexts of
+    #    steps 4-5 are active at trace time, so they are compiled in.
+    runnable: nn.Module = model
+    if config.compile != "off":
+        runnable, record = apply_compile(model, config)
+        applied.append(record)
+    step = TrainStep(workload, config, dev, runnable, model, optimizer, scaler, applied, autocast, precision, attention)
+    # 7. CUDA graphs capture the step exactly as it finally runs (compiled, checkpointed, AMP).
+    if config.cuda_graphs:
+        step.graphed, record = apply_cuda_graphs(step.eager_step, model, optimizer, dev)
+        applied.append(record)
+    return step
+
+
+class TrainStep:
+    """One optimizer step over `config.grad_accumulation` prepared micro-batches.
+
+    `model` is what runs (an OptimizedModule under compile); `base_model` is the eager module
+    underneath, whose `state_dict` keys are the model's own. The returned loss stays on the
+    device: reading it is the caller's choice, and the only host sync in the step is
+    fp16's GradScaler inf check (without a fused optimizer).
+    """
+
+    def __init__(
+        self,
+        workload: Workload,
+        config: TrainConfig,
+        device: torch.device,
+        model: nn.Module,
+        base_model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler | None,
+        applied: list[Applied],
+        autocast: ContextFactory | None = None,
+        precision: ContextFactory | None = None,
+        attention: ContextFactory | None = None,
+    ) -> None:
+        self.workload, self.config, self.device = workload, config, device
+        self.model, self.base_model, self.optimizer, self.scaler = model, base_model, optimizer, scaler
+        self.applied = applied
+        self._autocast, self._precision, self._attention = autocast, precision, attention
+        self.graphed: CudaGraphStep | None = None
+
+    def prepare_batch(self, batch: Batch) -> Batch:
+        """Move a batch to the device (asynchronously from pinned memory) in the model's layout."""
+        batch = move_batch(batch, self.device, non_blocking=self.config.pin_memory)
+        return to_channels_last(batch) if self.config.channels_last else batch
+
+    def __call__(self, micro_batches: Sequence[Batch], mark: Mark | None = None) -> torch.Tensor:
+        """One optimizer step; returns the mean micro-batch loss, detached, on the device.
+
+        `mark(phase)` is called after each phase ends: 'forward' and 'backward' per micro-batch,
+        then 'optimizer'; under CUDA graphs the replay is one phase, 'step'.
+        """
+        if len(micro_batches) != self.config.grad_accumulation:
+            raise ValueError(
+                f"expected {self.config.grad_accumulation} micro-batches (grad_accumulation), got {len(micro_batches)}"
+            )
+        if self.graphed is not None:
+            loss = self.graphed(micro_batches)
+            if mark is not None:
+                mark("step")
+            return loss
+        return self.eager_step(micro_batches, mark)
+
+    def eager_step(self, micro_batches: Sequence[Batch], mark: Mark | None = None) -> torch.Tensor:
+        """The step itself, without CUDA graphs (which capture exactly this function)."""
+        count = len(micro_batches)
+        total: torch.Tensor | None = None
+        with _entered(self._precision):
+            self.optimizer.zero_grad(set_to_none=True)
+            for batch in micro_batches:
+                # The SDPA backend must hold for backward too: its backward kernel matches its forward.
+                with _entered(self._attention):
+                    with _entered(self._autocast):
+                        output = self.workload.forward_fn(self.model, batch)
+                        loss = self.workload.loss_fn(output, batch)
+                    if mark is not None:
+                        mark("forward")
+                    scaled = loss / count  # mean over micro-batches = gradient of the whole batch
+                    (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+                if mark is not None:
+                    mark("backward")
+                detached = loss.detach().float()
+                total = detached if total is None else total + detached
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            if mark is not None:
+                mark("optimizer")
+        assert total is not None
+        return total / count
+
+    def describe(self) -> str:
+        """What was applied, one line per toggle."""
+        return "\n".join(str(a) for a in self.applied)
+
+
+def _entered(factory: ContextFactory | None) -> AbstractContextManager[object]:
+    """A fresh context from an optional toggle's factory; a no-op when the toggle is off."""
+    return factory() if factory is not None else nullcontext()

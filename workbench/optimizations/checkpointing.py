@@ -1,0 +1,139 @@
+"""Activation checkpointing: free a block's activations after forward, recompute them in backward.
+
+Trades compute for memory. 'full' keeps only each block's inputs; 'selective' also keeps the
+outputs of the expensive ops (matmuls, convolutions, attention) so backward only recomputes the
+cheap element-wise ops. Works on any `nn.Module` tree: targets are found by class name or by a
+glob over qualified module names, never by assuming a `model.layers` list.
+
+Wrapping patches `forward` on each target *instance* instead of inserting a wrapper module: the
+module keeps its type, its qualified name and its parameter names, so `state_dict` keys,
+optimizer parameter names, name globs and `isinstance` checks are exactly as without
+checkpointing (a wrapper module would add a path segment and need state-dict hooks to hide it).
+The patch is a `functools.partial` of a module-level function, so `copy.deepcopy` rebinds it to
+the copy and the model still pickles.
+
+Caveat (PyTorch behaviour, not ours): BatchNorm inside a checkpointed block updates its running
+statistics again during recomputation. Training losses and gradients are unaffected.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from workbench.config import ConfigError
+from workbench.optimizations.record import Applied, name_list
+
+_MARK = "_workbench_checkpoint"
+"""Attribute set on a wrapped module (value: the policy), so wrapping is never applied twice."""
+
+
+def _compute_heavy_ops() -> frozenset[Any]:
+    """Ops whose outputs `selective` saves: recomputing them would cost about as much as forward."""
+    aten = torch.ops.aten
+    names = (
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "convolution",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+    )
+    # Attention kernels differ by PyTorch version and build; save whichever this build has.
+    return frozenset(getattr(aten, name).default for name in names if hasattr(aten, name))
+
+
+SAVED_OPS = _compute_heavy_ops()
+
+
+def selective_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    """Save the outputs of compute-heavy ops, recompute everything else (cheap, memory-bound ops)."""
+    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _checkpointed_forward(forward: Callable[..., Any], policy: str, *args: Any, **kwargs: Any) -> Any:
+    """The patched `forward`: run the original forward under non-reentrant checkpointing."""
+    if policy == "selective":
+        context_fn = functools.partial(create_selective_checkpoint_contexts, selective_policy)
+        return checkpoint(forward, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+def find_targets(model: nn.Module, target: str) -> list[str]:
+    """Qualified names of the modules to wrap: outermost matches only, in module order.
+
+    A module matches when its class name equals `target` or its qualified name matches
+    `target` as an fnmatch glob ('encoder.*', 'backbone'). A match nested inside an earlier
+    match is skipped: its parent's checkpoint already covers it, and nesting would recompute twice.
+    """
+    chosen: list[str] = []
+    for name, module in model.named_modules():
+        if any(name == c or name.startswith(c + ".") or c == "" for c in chosen):
+            continue
+        if type(module).__name__ == target or (name and fnmatch.fnmatchcase(name, target)):
+            chosen.append(name)
+    return chosen
+
+
+def checkpointed_modules(model: nn.Module) -> dict[str, str]:
+    """Qualified name → policy of every module currently wrapped (for tests and reports)."""
+    return {name: getattr(m, _MARK) for name, m in model.named_modules() if hasattr(m, _MARK)}
+
+
+def resolve_target(target: str, workload_target: str | None, workload_name: str = "workload") -> str:
+    """'auto' means the workload's own `checkpoint_target`; a workload without one cannot say 'auto'."""
+    if target != "auto":
+        return target
+    if not workload_target:
+        raise ConfigError(
+            f"checkpoint_target=auto, but {workload_name} names no checkpoint target; set checkpoint_target "
+            "to a module class name ('ResBlock') or a name glob ('encoder.*')"
+        )
+    return workload_target
+
+
+def apply_activation_checkpointing(
+    model: nn.Module, policy: str, target: str, workload_target: str | None = None, workload_name: str = "workload"
+) -> Applied:
+    """Wrap every outermost module matching `target` so its forward runs under checkpointing."""
+    if policy not in ("full", "selective"):
+        raise ConfigError(f"activation_checkpointing must be 'full' or 'selective' to apply, got {policy!r}")
+    resolved = resolve_target(target, workload_target, workload_name)
+    names = find_targets(model, resolved)
+    if not names:
+        classes = sorted({type(m).__name__ for m in model.modules()})
+        raise ConfigError(
+            f"checkpoint_target '{resolved}' matches no module of {type(model).__name__}; "
+            f"give a class name (some here: {name_list(classes, 8)}) or a name glob such as 'encoder.*'"
+        )
+    modules = dict(model.named_modules())
+    wrapped = 0
+    for name in names:
+        module = modules[name]
+        if hasattr(module, _MARK):  # already wrapped by an earlier build on the same instance
+            continue
+        # `module.forward` keeps any patch the user made; the partial holds it as a bound method.
+        module.forward = functools.partial(_checkpointed_forward, module.forward, policy)  # type: ignore[method-assign]
+        setattr(module, _MARK, policy)
+        wrapped += 1
+    classes_wrapped = sorted({type(modules[n]).__name__ for n in names})
+    how = (
+        "keeps matmul/conv/attention outputs, recomputes the rest"
+        if policy == "selective"
+        else "saves block inputs only"
+    )
+    source = f" (workload's target '{resolved}')" if target == "auto" else ""
+    detail = (
+        f"wrapped {wrapped} {'/'.join(classes_wrapped)} module(s){source}, {how}: "
+        f"{name_list([n or '<root>' for n in names])}"
+    )
+    return Applied("activation_checkpointing", policy, detail)

@@ -1,0 +1,165 @@
+"""CUDA graphs: capture the whole training step once, then replay it with one launch per step.
+
+Follows PyTorch's documented whole-network capture (CUDA semantics notes, "Whole-network
+capture"): static input tensors, warm-up iterations on a side stream, grads set to None
+before capture so backward allocates them from the graph's private pool, capture of
+forward + backward + optimizer.step, then per step: copy the new batch into the static inputs
+and replay. It removes per-kernel launch overhead, at the price of fixed shapes, no host syncs
+inside the step, and memory held by the graph's pool.
+
+Unlike the documented snippet, the warm-up's effect on training is undone (parameters,
+buffers, optimizer state and RNG restored) so the graphed run follows the same trajectory as
+an eager run with the same seed; warm-up is compilation/initialisation, not training.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.config import ConfigError
+from workbench.optimizations.checkpointing import checkpointed_modules
+from workbench.optimizations.record import Applied
+from workbench.workloads.base import map_tensors
+
+WARMUP_ITERS = 3
+"""Eager iterations before capture: lazy initialisation (cuBLAS handles, optimizer state,
+autotuning, compilation) must happen outside the graph. PyTorch's example uses 3."""
+
+StepFn = Callable[[Sequence[Any]], torch.Tensor]
+
+
+class CudaGraphStep:
+    """Captures `step_fn` over static micro-batches on the first call; replays it afterwards."""
+
+    def __init__(
+        self, step_fn: StepFn, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
+    ) -> None:
+        self.step_fn, self.model, self.optimizer, self.device = step_fn, model, optimizer, device
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static_batches: list[Any] = []
+        self.static_loss: torch.Tensor | None = None
+        self.replays = 0
+        """Replays so far (the first call captures and then replays once)."""
+
+    def __call__(self, micro_batches: Sequence[Any]) -> torch.Tensor:
+        if self.graph is None:
+            self._capture(micro_batches)
+        else:
+            self._copy_into_static(micro_batches)
+        assert self.graph is not None and self.static_loss is not None
+        self.graph.replay()
+        self.replays += 1
+        # A copy: the static output is overwritten by the next replay, and callers keep losses.
+        return self.static_loss.clone()
+
+    def _capture(self, micro_batches: Sequence[Any]) -> None:
+        self.static_batches = [map_tensors(b, lambda t: t.clone()) for b in micro_batches]
+        restore = snapshot_training_state(self.model, self.optimizer, self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side), warnings.catch_warnings():
+            # capturable=True optimizers warn when stepped uncaptured; the warm-up does so on purpose.
+            warnings.filterwarnings("ignore", message=".*capturable=True.*")
+            for _ in range(WARMUP_ITERS):
+                self.step_fn(self.static_batches)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        restore()  # warm-up initialised state; it must not count as training steps
+        # Grads to None: backward inside the capture allocates them from the graph's pool.
+        self.optimizer.zero_grad(set_to_none=True)
+        self.graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(self.graph):
+                self.static_loss = self.step_fn(self.static_batches)
+        except RuntimeError as exc:
+            self.graph = None
+            raise RuntimeError(
+                "CUDA graph capture of the training step failed; the step must not synchronize with the "
+                "host (.item(), printing tensors, data-dependent shapes) nor touch CPU tensors. "
+                f"Set cuda_graphs=false for this workload. Cause: {exc}"
+            ) from exc
+
+    def _copy_into_static(self, micro_batches: Sequence[Any]) -> None:
+        if len(micro_batches) != len(self.static_batches):
+            raise ValueError(
+                f"the CUDA graph was captured for {len(self.static_batches)} micro-batches, got {len(micro_batches)}"
+            )
+        for static, new in zip(self.static_batches, micro_batches):
+            _copy_tensors(static, new)
+
+
+def snapshot_training_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
+) -> Callable[[], None]:
+    """Remember parameters, buffers and RNG state; the returned function puts them back.
+
+    Parameters and buffers are copied back in place (the graph keeps their addresses) and the
+    optimizer state is zeroed in place: zero is the fresh state of AdamW (step, moments) and of
+    SGD's momentum buffer (buf = 0.9 * 0 + grad equals its first-step initialisation).
+    """
+    tensors = [*model.parameters(), *model.buffers()]
+    with torch.no_grad():
+        saved = [t.detach().clone() for t in tensors]
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+    def restore() -> None:
+        with torch.no_grad():
+            for tensor, value in zip(tensors, saved):
+                tensor.copy_(value)
+            for state in optimizer.state.values():
+                for entry in state.values():
+                    if isinstance(entry, torch.Tensor):
+                        entry.zero_()
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state(cuda_rng, device)
+
+    return restore
+
+
+def _copy_tensors(static: Any, new: Any) -> None:
+    """Copy a (nested) batch into the static one; shapes must match exactly (copy_ would broadcast)."""
+    if isinstance(static, torch.Tensor):
+        if not isinstance(new, torch.Tensor) or new.shape != static.shape or new.dtype != static.dtype:
+            got = f"{tuple(new.shape)} {new.dtype}" if isinstance(new, torch.Tensor) else type(new).__name__
+            raise ValueError(
+                f"CUDA graphs need fixed batch shapes: captured {tuple(static.shape)} {static.dtype}, got {got}"
+            )
+        static.copy_(new, non_blocking=True)
+    elif isinstance(static, dict):
+        for key in static:
+            _copy_tensors(static[key], new[key])
+    elif isinstance(static, (list, tuple)):
+        for s, n in zip(static, new):
+            _copy_tensors(s, n)
+
+
+def apply_cuda_graphs(
+    step_fn: StepFn, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
+) -> tuple[CudaGraphStep, Applied]:
+    """Wrap the eager step in a `CudaGraphStep`; refuses anything but a CUDA device."""
+    if device.type != "cuda":
+        raise ConfigError(
+            f"cuda_graphs=true needs a CUDA device; this step runs on {device.type}. Set cuda_graphs=false"
+        )
+    if not torch.cuda.is_available():
+        raise ConfigError("cuda_graphs=true needs CUDA, but torch.cuda.is_available() is False")
+    if checkpointed_modules(model):
+        # torch.utils.checkpoint stashes the CUDA RNG state in forward, which CUDA forbids during
+        # capture ("Cannot call CUDAGeneratorImpl::current_seed during CUDA graph capture").
+        raise ConfigError(
+            "cuda_graphs=true cannot capture activation checkpointing: checkpoint reads the CUDA RNG state, "
+            "which is forbidden during graph capture; set activation_checkpointing=off or cuda_graphs=false"
+        )
+    if any(not group.get("capturable", True) for group in optimizer.param_groups):
+        raise ConfigError("cuda_graphs=true needs an optimizer built with capturable=True (build() does this)")
+    detail = (
+        f"whole step (forward, backward, optimizer) captured on the first call after {WARMUP_ITERS} warm-up "
+        "iterations (undone), replayed after copying each batch into static inputs; batch shapes are fixed"
+    )
+    return CudaGraphStep(step_fn, model, optimizer, device), Applied("cuda_graphs", True, detail)

@@ -1,0 +1,44 @@
+"""channels_last: NHWC layout for 4-D weights and inputs, so convolutions skip layout transposes.
+
+Applied first, before the optimizer exists and before compile traces strides, so every later
+step (optimizer state created `zeros_like` the parameters, compiled kernels) sees the final layout.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.optimizations.record import Applied
+from workbench.workloads.base import map_tensors
+
+
+def apply_channels_last(model: nn.Module) -> Applied:
+    """Convert the model's 4-D parameters and buffers to channels_last, in place."""
+    model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    four_d = [name for name, p in model.named_parameters() if p.dim() == 4]
+    converted = [
+        name
+        for name, p in model.named_parameters()
+        if p.dim() == 4 and p.is_contiguous(memory_format=torch.channels_last)
+    ]
+    if not four_d:
+        detail = "no 4-D parameters: the model has no convolutions to benefit (inputs are still converted)"
+    else:
+        detail = (
+            f"{len(converted)}/{len(four_d)} 4-D parameters are channels_last; 4-D floating inputs converted per batch"
+        )
+    return Applied("channels_last", True, detail)
+
+
+def to_channels_last(batch: Any) -> Any:
+    """Every 4-D floating tensor of a (nested) batch in channels_last; other tensors untouched."""
+
+    def convert(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.dim() == 4 and tensor.is_floating_point():
+            return tensor.contiguous(memory_format=torch.channels_last)
+        return tensor
+
+    return map_tensors(batch, convert)
