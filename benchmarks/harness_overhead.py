@@ -52,7 +52,9 @@ def main() -> None:
     harness: list[float] = []
     for _ in range(args.rounds):
         bare += bare_loop_ms(args.workload, args.steps, args.warmup)
-        result = run_trial(args.workload, TrainConfig(), steps=args.steps, warmup=args.warmup, track_memory=False)
+        result = run_trial(
+            args.workload, TrainConfig(), steps=args.steps, warmup=args.warmup, track_memory=False, isolation="inline"
+        )  # same process as the bare loop, by design
         harness += result.step_ms
     bare_median, harness_median = statistics.median(bare), statistics.median(harness)
     print(f"workload {args.workload}, {args.rounds} interleaved rounds x {args.steps} steps")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -11,8 +12,12 @@ from torch import nn
 
 from workbench.analysis.compare import compare_trials, loss_deviation, loss_tolerance, speedup_interval, summarize
 from workbench.config import TrainConfig
-from workbench.measure import TrialResult, run_trial
+from workbench.measure import TrialResult
+from workbench.measure import run_trial as _run_trial
 from workbench.workloads import Workload
+
+# These tests check the trial logic itself, in-process; tests/test_isolation.py covers the worker.
+run_trial = functools.partial(_run_trial, isolation="inline")
 
 
 def fake_result(step_ms: np.ndarray | list[float], *, config: TrainConfig | None = None, losses: list[float] | None = None,

@@ -46,6 +46,7 @@ def test_bad_values_name_the_valid_choices(changes: dict, message: str) -> None:
         ({"cuda_graphs": True, "compile": "reduce-overhead"}, "already captures CUDA graphs"),
         ({"cuda_graphs": True, "compile": "max-autotune"}, "already captures CUDA graphs"),
         ({"cuda_graphs": True, "amp": "fp16"}, "use amp=bf16"),
+        ({"cuda_graphs": True, "activation_checkpointing": "full"}, "turn one of them off"),
         ({"prefetch_factor": 4}, "prefetch_factor needs num_workers > 0"),
         ({"persistent_workers": True}, "persistent_workers needs num_workers > 0"),
     ],
@@ -72,7 +73,7 @@ def test_json_round_trip_keeps_every_field() -> None:
 
 
 def test_from_dict_rejects_unknown_fields_and_non_dicts() -> None:
-    with pytest.raises(ConfigError, match="unknown config field.*ampp.*valid fields: amp"):
+    with pytest.raises(ConfigError, match=r"unknown config field.*ampp.*valid fields: amp"):
         TrainConfig.from_dict({"ampp": "bf16"})
     with pytest.raises(ConfigError, match="must be a dict"):
         TrainConfig.from_dict(["amp"])  # type: ignore[arg-type]
@@ -89,7 +90,9 @@ def test_diff_lists_changed_fields_only() -> None:
 
 
 def test_overrides_are_typed_by_field() -> None:
-    parsed = parse_overrides("amp=bf16, channels_last=true,batch_size=8,lr=3e-4,compile_dynamic=none,extra.sample_cost_ms=2.5")
+    parsed = parse_overrides(
+        "amp=bf16, channels_last=true,batch_size=8,lr=3e-4,compile_dynamic=none,extra.sample_cost_ms=2.5"
+    )
     assert parsed == {
         "amp": "bf16", "channels_last": True, "batch_size": 8, "lr": 3e-4,
         "compile_dynamic": None, "extra": {"sample_cost_ms": 2.5},

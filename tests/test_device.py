@@ -58,14 +58,14 @@ def test_asking_for_an_unavailable_toggle_is_a_config_error_not_a_no_op() -> Non
 
 
 def test_unknown_compile_backend_names_the_registered_ones() -> None:
-    with pytest.raises(ConfigError, match="not registered; choose one of:.*inductor"):
+    with pytest.raises(ConfigError, match=r"not registered; choose one of:.*inductor"):
         check_config(TrainConfig(compile="default", compile_backend="nope"), "cpu")
 
 
 @needs_cpu_only
 def test_resolve_device_explains_missing_cuda() -> None:
     assert resolve_device(None).type == "cpu"
-    with pytest.raises(ConfigError, match="CPU-only|no CUDA device"):
+    with pytest.raises(ConfigError, match=r"CPU-only|no CUDA device"):
         resolve_device("cuda")
     with pytest.raises(ConfigError, match="unknown device"):
         resolve_device("tpu:banana")
@@ -92,7 +92,9 @@ def test_device_info_and_report_are_plain_data() -> None:
         ("NVIDIA L4", "L4", 121, 0.3),
     ],
 )
-def test_peak_table_matches_datasheets(torch_name: str, table_name: str, bf16_tflops: float, bandwidth_tbs: float) -> None:
+def test_peak_table_matches_datasheets(
+    torch_name: str, table_name: str, bf16_tflops: float, bandwidth_tbs: float
+) -> None:
     spec = lookup_spec(torch_name)
     assert spec is not None and spec.name == table_name
     assert spec.peak_flops("bf16") == pytest.approx(bf16_tflops * 1e12)

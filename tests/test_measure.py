@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
@@ -11,8 +12,12 @@ import torch
 from torch import nn
 
 from workbench.config import ConfigError, TrainConfig
-from workbench.measure import StepMeasured, TrialFinished, TrialResult, TrialStarted, run_trial
+from workbench.measure import StepMeasured, TrialFinished, TrialResult, TrialStarted
+from workbench.measure import run_trial as _run_trial
 from workbench.workloads import Workload, WorkloadError
+
+# These tests check the trial logic itself, in-process; tests/test_isolation.py covers the worker.
+run_trial = functools.partial(_run_trial, isolation="inline")
 
 
 class Sleeper(nn.Module):
@@ -141,7 +146,7 @@ def test_bad_window_and_workload_fail_before_anything_runs() -> None:
         run_trial(sleeper_workload(sleep_s=0.0), warmup=0)
     with pytest.raises(ConfigError, match="steps must be an integer >= 1"):
         run_trial(sleeper_workload(sleep_s=0.0), steps=0)
-    with pytest.raises(WorkloadError, match="unknown workload 'bev'.*bev-perception"):
+    with pytest.raises(WorkloadError, match=r"unknown workload 'bev'.*bev-perception"):
         run_trial("bev")
     with pytest.raises(WorkloadError, match="unknown preset"):
         run_trial("bev-perception", preset="huge")
@@ -151,7 +156,9 @@ def test_cpu_peak_memory_splits_into_categories_that_match_the_model() -> None:
     """Parameter and optimizer-state bytes are known analytically: the tracker must agree."""
     result = run_trial("bev-perception", TrainConfig(), steps=2, warmup=1)
     assert result.status == "ok", result.message
-    workload_model = __import__("workbench.workloads", fromlist=["load_workload"]).load_workload("bev-perception").model_fn()
+    workload_model = (
+        __import__("workbench.workloads", fromlist=["load_workload"]).load_workload("bev-perception").model_fn()
+    )
     param_bytes = sum(p.numel() * p.element_size() for p in workload_model.parameters())
     breakdown = result.memory_breakdown
     assert breakdown is not None and result.peak_memory_bytes is not None

@@ -56,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     compare = sub.add_parser("compare", help="compare candidates against a baseline")
     _add_trial_args(compare)
-    compare.add_argument("--baseline", default="", metavar="K=V[,K=V]", help="baseline config overrides (default: defaults)")
+    compare.add_argument(
+        "--baseline", default="", metavar="K=V[,K=V]", help="baseline config overrides (default: defaults)"
+    )
     compare.add_argument("--candidate", action="append", default=[], metavar="K=V[,K=V]", required=True,
                          help="a candidate's overrides on top of the baseline; repeat for more")  # fmt: skip
     compare.add_argument("--repeats", type=int, default=1, help="interleaved repeats per configuration (default 1)")
@@ -135,9 +137,18 @@ def _cmd_workloads(args: argparse.Namespace) -> int:
 
     items = builtin_workloads()
     if args.json:
-        print(json.dumps([{"name": w.name, "description": w.description, "presets": list(PRESETS)} for w in items.values()], indent=2))
+        print(
+            json.dumps(
+                [{"name": w.name, "description": w.description, "presets": list(PRESETS)} for w in items.values()],
+                indent=2,
+            )
+        )
         return 0
-    print(table(["workload", "presets", "description"], [[w.name, "/".join(PRESETS), w.description] for w in items.values()]))
+    print(
+        table(
+            ["workload", "presets", "description"], [[w.name, "/".join(PRESETS), w.description] for w in items.values()]
+        )
+    )
     print("\nYour own: --workload package.module:function (returning a workbench Workload).")
     return 0
 
@@ -152,7 +163,9 @@ def _cmd_capabilities(args: argparse.Namespace) -> int:
     from workbench.textfmt import format_bytes, table
 
     dev = report["device"]
-    print(f"{dev['type']}: {dev['name']} (x{dev['count']}, {dev['cpu_cores']} CPU cores, memory {format_bytes(dev['total_memory_bytes'])})")
+    print(
+        f"{dev['type']}: {dev['name']} (x{dev['count']}, {dev['cpu_cores']} CPU cores, memory {format_bytes(dev['total_memory_bytes'])})"
+    )
     rows: list[list[Any]] = []
     for name, values in report["toggles"].items():
         for value, availability in values.items():

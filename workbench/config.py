@@ -8,6 +8,7 @@ No torch import: the config must load anywhere, fast.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import typing
 from dataclasses import dataclass, field
@@ -208,10 +209,10 @@ def _field_docs() -> dict[str, str]:
 
         tree = ast.parse(textwrap.dedent(inspect.getsource(TrainConfig)))
         body = tree.body[0].body  # type: ignore[attr-defined]
-        for node, nxt in zip(body, body[1:]):
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
-                    _DOCS[node.target.id] = " ".join(str(nxt.value.value).split())
+        for node, nxt in itertools.pairwise(body):
+            documented = isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and documented:
+                _DOCS[node.target.id] = " ".join(str(nxt.value.value).split())  # type: ignore[attr-defined]
     return _DOCS
 
 
@@ -290,7 +291,9 @@ def _check_choices(cfg: TrainConfig) -> None:
     if not isinstance(cfg.compile_backend, str) or not cfg.compile_backend:
         raise ConfigError("compile_backend must be a backend name such as 'inductor', 'aot_eager' or 'eager'")
     if not isinstance(cfg.checkpoint_target, str) or not cfg.checkpoint_target.strip():
-        raise ConfigError("checkpoint_target must be a module class name, a name pattern such as 'encoder.*', or 'auto'")
+        raise ConfigError(
+            "checkpoint_target must be a module class name, a name pattern such as 'encoder.*', or 'auto'"
+        )
     if not isinstance(cfg.extra, dict):
         raise ConfigError(f"extra must be a dict of workload options, got {type(cfg.extra).__name__}")
 
@@ -332,6 +335,11 @@ def _check_combinations(cfg: TrainConfig) -> None:
         raise ConfigError(
             "cuda_graphs cannot capture fp16's GradScaler (its inf check synchronizes with the host); "
             "use amp=bf16, which needs no scaler"
+        )
+    if cfg.cuda_graphs and cfg.activation_checkpointing != "off":
+        raise ConfigError(
+            "cuda_graphs cannot capture activation checkpointing (recomputation reads the CUDA RNG state, "
+            "which capture forbids); turn one of them off"
         )
     if cfg.num_workers == 0 and cfg.prefetch_factor is not None:
         raise ConfigError("prefetch_factor needs num_workers > 0; set num_workers=2 (or more) or drop prefetch_factor")

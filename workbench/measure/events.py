@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from workbench.measure.result import TrialResult
@@ -41,7 +41,7 @@ class TrialFinished:
     result: TrialResult
 
 
-Event = Union[TrialStarted, StepMeasured, TrialFinished]
+Event = TrialStarted | StepMeasured | TrialFinished
 EventSink = Callable[[Event], None]
 
 

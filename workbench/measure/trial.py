@@ -15,7 +15,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from workbench.config import ConfigError, TrainConfig
 from workbench.measure.events import EventSink, StepMeasured, TrialFinished, TrialStarted
@@ -32,6 +32,9 @@ class TrialCancelled(Exception):
     """Raised inside the loop when the caller's cancel event is set."""
 
 
+Isolation = Literal["process", "inline"]
+
+
 def run_trial(
     workload: Workload | str,
     config: TrainConfig | None = None,
@@ -43,20 +46,59 @@ def run_trial(
     on_event: EventSink | None = None,
     track_memory: bool = True,
     cancel: threading.Event | None = None,
+    isolation: Isolation = "process",
+    timeout_s: float | None = None,
+    memory_limit_bytes: int | None = None,
 ) -> TrialResult:
     """Measure `steps` training steps of `workload` under `config`, after `warmup` untimed steps.
 
     `workload` is a Workload, a built-in name or a 'package.module:attr' spec (built with
     `preset` and `config.extra` as options). Events go to `on_event` as they happen.
+
+    isolation='process' (default) runs the trial in a fresh spawned worker: a crash, an
+    out-of-memory, a hang (no event for `timeout_s`) or `cancel.set()` ends the worker, never
+    the caller, and each trial starts with clean allocator and compile caches. 'inline'
+    runs in this process, for debugging; it cannot enforce `timeout_s` or a memory limit.
+    `memory_limit_bytes` caps the worker's address space (CPU out-of-memory → status 'oom').
     """
+    config = config or TrainConfig()
+    _check_window(warmup, steps)
+    if isolation == "process":
+        from workbench.measure.worker import run_in_worker
+
+        return run_in_worker(
+            workload, config, warmup=warmup, steps=steps, device=device, preset=preset, on_event=on_event,
+            track_memory=track_memory, cancel=cancel, timeout_s=timeout_s, memory_limit_bytes=memory_limit_bytes,
+        )  # fmt: skip
+    if isolation != "inline":
+        raise ConfigError(f"isolation must be 'process' or 'inline', got {isolation!r}")
+    if timeout_s is not None or memory_limit_bytes is not None:
+        raise ConfigError("timeout_s and memory_limit_bytes need isolation='process' (a thread cannot be killed)")
+    return run_trial_inline(
+        workload, config, warmup=warmup, steps=steps, device=device, preset=preset, on_event=on_event,
+        track_memory=track_memory, cancel=cancel,
+    )  # fmt: skip
+
+
+def run_trial_inline(
+    workload: Workload | str,
+    config: TrainConfig,
+    *,
+    warmup: int,
+    steps: int,
+    device: Any,
+    preset: str,
+    on_event: EventSink | None,
+    track_memory: bool,
+    cancel: threading.Event | None,
+) -> TrialResult:
+    """The trial itself, in this process (the worker process calls this too)."""
     import torch
 
     from workbench.device import capabilities_report, check_config, device_info, resolve_device
     from workbench.fingerprint import environment_fingerprint
     from workbench.optimizations.build import build
 
-    config = config or TrainConfig()
-    _check_window(warmup, steps)
     wl = load_workload(workload, preset=preset, **config.extra) if isinstance(workload, str) else workload
     dev = resolve_device(device)
     check_config(config, dev)
@@ -92,12 +134,20 @@ def run_trial(
         result.status, result.message = "oom", f"out of memory: {str(exc).splitlines()[0]}"
     except MemoryError:
         result.status, result.message = "oom", "out of host memory (MemoryError)"
+    except RuntimeError as exc:
+        if "can't allocate memory" not in str(exc):
+            result.status, result.message = "error", _error_text(exc)
+        else:  # the CPU allocator's out-of-memory is a plain RuntimeError
+            result.status, result.message = "oom", f"out of host memory: {str(exc).splitlines()[0]}"
     except Exception as exc:  # the user's model may raise anything; report it, keep the caller alive
-        result.status = "error"
-        result.message = f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
+        result.status, result.message = "error", _error_text(exc)
     result.wall_time_s = time.perf_counter() - started
     emit(TrialFinished(result.trial_id, result))
     return result
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
 
 
 def _check_window(warmup: int, steps: int) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     import torch
@@ -73,7 +73,9 @@ class Workload:
         if not callable(self.model_fn) or not callable(self.loss_fn) or not callable(self.forward_fn):
             raise WorkloadError(f"workload '{self.name}': model_fn, loss_fn and forward_fn must be callables")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise WorkloadError(f"workload '{self.name}': batch_size must be a positive integer, got {self.batch_size!r}")
+            raise WorkloadError(
+                f"workload '{self.name}': batch_size must be a positive integer, got {self.batch_size!r}"
+            )
 
     @classmethod
     def from_callables(
@@ -116,7 +118,7 @@ class Workload:
 
     def make_dataset(self, config: TrainConfig) -> Dataset[Any]:
         if self.batch_fn is not None:
-            return BatchFnDataset(self.batch_fn, self.effective_batch_size(config), config.seed)
+            return cast("Dataset[Any]", BatchFnDataset(self.batch_fn, self.effective_batch_size(config), config.seed))
         assert self.dataset_fn is not None
         return self.dataset_fn(config.seed)
 

@@ -1,0 +1,230 @@
+"""Run a trial in a fresh spawned worker process and stream its events back.
+
+Why a process per trial: a crash, an out-of-memory or a hang in the user's model must
+end the worker, never the notebook kernel; and every trial must start with clean
+allocator and compile caches, so memory and compile figures are honest. Workloads
+travel with cloudpickle (so a class defined in a notebook cell works); built-ins and
+'module:attr' specs are rebuilt by name in the worker.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import threading
+import time
+import traceback
+from typing import Any
+
+from workbench.config import ConfigError, TrainConfig
+from workbench.measure.events import EventSink, StepMeasured, TrialFinished, TrialStarted
+from workbench.measure.result import TrialResult
+from workbench.workloads.base import Workload, WorkloadError
+
+#: How often the parent looks at the pipe, the cancel flag and the clock.
+POLL_S = 0.05
+_INPUT_ERRORS = {"ConfigError": ConfigError, "WorkloadError": WorkloadError}
+
+
+def run_in_worker(
+    workload: Workload | str,
+    config: TrainConfig,
+    *,
+    warmup: int,
+    steps: int,
+    device: Any,
+    preset: str,
+    on_event: EventSink | None,
+    track_memory: bool,
+    cancel: threading.Event | None,
+    timeout_s: float | None,
+    memory_limit_bytes: int | None,
+) -> TrialResult:
+    """`run_trial(isolation='process')`: the parent side."""
+    from workbench.device import check_config, resolve_device
+
+    if timeout_s is not None and not timeout_s > 0:
+        raise ConfigError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    if memory_limit_bytes is not None and (not isinstance(memory_limit_bytes, int) or memory_limit_bytes <= 0):
+        raise ConfigError(f"memory_limit_bytes must be a positive integer, got {memory_limit_bytes!r}")
+    dev = resolve_device(device)
+    check_config(config, dev)  # refuse bad input here, before paying for a process
+    payload = _payload(workload, preset, config)
+    options = {"warmup": warmup, "steps": steps, "device": str(dev), "preset": preset, "track_memory": track_memory}
+
+    context = multiprocessing.get_context("spawn")
+    receiver, sender = context.Pipe(duplex=False)
+    process = context.Process(
+        target=_worker_main, args=(sender, payload, config.to_dict(), options, memory_limit_bytes), daemon=True
+    )
+    process.start()
+    sender.close()  # the parent keeps only the reading end, so EOF means the worker is gone
+    try:
+        return _follow(process, receiver, on_event, cancel, timeout_s, workload_name(workload), config)
+    finally:
+        _stop(process)
+        receiver.close()
+
+
+def workload_name(workload: Workload | str) -> str:
+    return workload if isinstance(workload, str) else workload.name
+
+
+def _payload(workload: Workload | str, preset: str, config: TrainConfig) -> bytes:
+    import cloudpickle
+
+    if isinstance(workload, str):
+        from workbench.workloads import load_workload
+
+        load_workload(workload, preset=preset, **config.extra)  # fail fast on unknown names/presets
+        spec: dict[str, Any] = {"kind": "name", "name": workload}
+    elif isinstance(workload, Workload) and workload.source:
+        spec = {"kind": "source", "source": workload.source}
+    elif isinstance(workload, Workload):
+        spec = {"kind": "object", "workload": workload}
+    else:
+        raise WorkloadError(f"a workload is a Workload, a built-in name or 'package.module:attr', got {workload!r}")
+    try:
+        return cloudpickle.dumps(spec)
+    except Exception as exc:
+        raise WorkloadError(_unpicklable_message(workload, exc)) from None
+
+
+def _unpicklable_message(workload: Any, exc: Exception) -> str:
+    import cloudpickle
+
+    culprit = "the workload"
+    for name in ("model_fn", "loss_fn", "forward_fn", "batch_fn", "dataset_fn", "collate_fn"):
+        try:
+            cloudpickle.dumps(getattr(workload, name, None))
+        except Exception:
+            culprit = f"its {name} ({getattr(workload, name)!r})"
+            break
+    return (
+        f"workload '{getattr(workload, 'name', workload)}' cannot be sent to a worker process: {culprit} "
+        f"cannot be pickled ({type(exc).__name__}: {exc}). Define it at module level and pass "
+        "'package.module:function', or run with isolation='inline'"
+    )
+
+
+def _follow(
+    process: Any,
+    receiver: Any,
+    on_event: EventSink | None,
+    cancel: threading.Event | None,
+    timeout_s: float | None,
+    name: str,
+    config: TrainConfig,
+) -> TrialResult:
+    """Relay events until TrialFinished; turn silence, death and cancel into a status."""
+    emit = on_event or (lambda event: None)
+    partial = _Partial(name, config)
+    last_progress = time.monotonic()
+    while True:
+        if cancel is not None and cancel.is_set():
+            return partial.result("cancelled", "cancelled by the caller; the worker was stopped", emit)
+        if timeout_s is not None and time.monotonic() - last_progress > timeout_s:
+            return partial.result("timeout", f"no progress for {timeout_s:g} s; the worker was killed", emit)
+        try:
+            ready = receiver.poll(POLL_S)
+            message = receiver.recv() if ready else None
+        except (EOFError, OSError):
+            return partial.result(*_death(process), emit)
+        if message is None:
+            if not process.is_alive() and not receiver.poll(0):
+                return partial.result(*_death(process), emit)
+            continue
+        last_progress = time.monotonic()
+        kind = message[0]
+        if kind == "event":
+            event = message[1]
+            partial.observe(event)
+            emit(event)
+            if isinstance(event, TrialFinished):
+                return event.result
+        elif kind == "input_error":
+            raise _INPUT_ERRORS.get(message[1], ConfigError)(message[2])
+        elif kind == "fatal":
+            return partial.result("error", message[1], emit)
+
+
+def _death(process: Any) -> tuple[str, str]:
+    process.join(timeout=2)
+    code = process.exitcode
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        if -code == signal.SIGKILL:
+            return "oom", f"the worker was killed ({name}) — most likely by the out-of-memory killer"
+        return "error", f"the worker process died with signal {name}"
+    return "error", f"the worker process exited unexpectedly (exit code {code})"
+
+
+def _stop(process: Any) -> None:
+    """End the worker (and its process group's loader workers die with it): terminate, then kill."""
+    if process.is_alive():
+        process.terminate()
+        process.join(timeout=0.5)
+    if process.is_alive():
+        process.kill()
+    process.join(timeout=2)
+
+
+class _Partial:
+    """What the parent has seen so far, to report a trial that never finished."""
+
+    def __init__(self, name: str, config: TrainConfig) -> None:
+        self.result_so_far = TrialResult(trial_id="", status="ok", workload=name, config=config.to_dict())
+
+    def observe(self, event: Any) -> None:
+        r = self.result_so_far
+        if isinstance(event, TrialStarted):
+            r.trial_id, r.warmup, r.steps = event.trial_id, event.warmup, event.steps
+        elif isinstance(event, StepMeasured):
+            (r.step_ms if event.timed else r.warmup_step_ms).append(event.step_ms)
+            if event.loss is not None:
+                r.losses.append(event.loss)
+
+    def result(self, status: str, message: str, emit: EventSink) -> TrialResult:
+        r = self.result_so_far
+        r.status, r.message = status, message  # type: ignore[assignment]
+        if not r.trial_id:
+            import uuid
+
+            r.trial_id = uuid.uuid4().hex[:12]
+        emit(TrialFinished(r.trial_id, r))
+        return r
+
+
+# --- the worker side ---------------------------------------------------------------
+
+
+def _worker_main(
+    sender: Any, payload: bytes, config_dict: dict[str, Any], options: dict[str, Any], memory_limit: int | None
+) -> None:
+    """Entry point of the spawned process: rebuild the workload, run inline, send every event."""
+    try:
+        if memory_limit is not None:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
+        import cloudpickle
+
+        from workbench.measure.trial import run_trial_inline
+        from workbench.workloads import load_workload
+
+        spec = cloudpickle.loads(payload)
+        config = TrainConfig.from_dict(config_dict)
+        if spec["kind"] == "name":
+            workload: Workload | str = spec["name"]
+        elif spec["kind"] == "source":
+            source = spec["source"]
+            workload = load_workload(source["name"], preset=source.get("preset") or "tiny", **source.get("options", {}))
+        else:
+            workload = spec["workload"]
+        run_trial_inline(workload, config, cancel=None, on_event=lambda event: sender.send(("event", event)), **options)
+    except (ConfigError, WorkloadError) as exc:
+        sender.send(("input_error", type(exc).__name__, str(exc)))
+    except BaseException as exc:  # anything else must still reach the parent as text
+        sender.send(("fatal", f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"))
+    finally:
+        sender.close()
