@@ -23,7 +23,16 @@ def test_run_json_has_the_documented_keys() -> None:
                      "--set", "channels_last=true", "--steps", "3", "--warmup", "1", "--json")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
-    for key in ("status", "config", "median_step_ms", "step_ms", "peak_memory_bytes", "losses", "compile_time_s", "throughput"):
+    for key in (
+        "status",
+        "config",
+        "median_step_ms",
+        "step_ms",
+        "peak_memory_bytes",
+        "losses",
+        "compile_time_s",
+        "throughput",
+    ):
         assert key in data, key
     assert data["status"] == "ok"
     assert data["config"]["amp"] == "bf16" and data["config"]["channels_last"] is True
@@ -96,7 +105,8 @@ def test_workloads_and_capabilities_list_what_exists() -> None:
 
 
 def test_bring_your_own_model_by_module_spec(tmp_path: Path) -> None:
-    (tmp_path / "my_models.py").write_text(textwrap.dedent("""
+    (tmp_path / "my_models.py").write_text(
+        textwrap.dedent("""
         import torch
         from torch import nn
         from workbench.workloads import Workload
@@ -116,7 +126,8 @@ def test_bring_your_own_model_by_module_spec(tmp_path: Path) -> None:
                 loss_fn=lambda out, batch: nn.functional.cross_entropy(out, batch[1]),
                 batch_size=8, name="tiny-net", checkpoint_target="Sequential",
             )
-    """))
+    """)
+    )
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = workbench("run", "--workload", "my_models:tiny", "--set", "channels_last=true,activation_checkpointing=full",
                      "--steps", "3", "--warmup", "1", "--json", env=env)  # fmt: skip

@@ -124,7 +124,15 @@ def _capabilities_cached(device_str: str) -> dict[str, dict[Any, Availability]]:
 
     dev = torch.device(device_str)
     caps: dict[str, dict[Any, Availability]] = {}
-    for name in ("amp", "compile", "cuda_graphs", "matmul_precision", "optimizer_impl", "attention_backend", "pin_memory"):
+    for name in (
+        "amp",
+        "compile",
+        "cuda_graphs",
+        "matmul_precision",
+        "optimizer_impl",
+        "attention_backend",
+        "pin_memory",
+    ):
         choices = field_choices(name) or ()
         caps[name] = {value: _availability(name, value, dev) for value in choices}
     for name in ("compile_fullgraph", "channels_last", "activation_checkpointing", "optimizer", "persistent_workers"):
@@ -188,7 +196,9 @@ def _compile(value: str, dev: torch.device) -> Availability:
         return ALWAYS
     if dev.type == "cpu" and value in COMPILE_MODES_WITH_CUDA_GRAPHS:
         if value == "reduce-overhead":
-            return Availability(False, "reduce-overhead works by capturing CUDA graphs; on CPU it would silently equal 'default'")
+            return Availability(
+                False, "reduce-overhead works by capturing CUDA graphs; on CPU it would silently equal 'default'"
+            )
         return Availability(True, "on CPU max-autotune tunes CPU kernels only (no CUDA graphs); expect long compiles")
     if dev.type == "cpu" and not any(shutil.which(cc) for cc in ("g++", "c++", "clang++")):
         return Availability(False, "inductor needs a C++ compiler on CPU; install g++ (apt-get install g++)")

@@ -31,7 +31,9 @@ class DeviceSpec:
         )
 
 
-def _spec(name: str, bf16: float | None, fp16: float, tf32: float | None, fp32: float, bw_gbs: float, mem_gb: float) -> DeviceSpec:
+def _spec(
+    name: str, bf16: float | None, fp16: float, tf32: float | None, fp32: float, bw_gbs: float, mem_gb: float
+) -> DeviceSpec:
     return DeviceSpec(
         name=name,
         bf16_flops=bf16 * TERA if bf16 else None,

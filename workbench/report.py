@@ -23,10 +23,14 @@ def run_summary(result: TrialResult) -> str:
         f"phases (median) {phases} ms",
         f"first step      {result.time_to_first_step_s or 0:.2f} s  (compile/capture {result.compile_time_s:.2f} s)",
         f"peak memory     {format_bytes(result.peak_memory_bytes)}  [{result.memory_method}]",
-        f"loss            {result.losses[0]:.4f} -> {result.losses[-1]:.4f}" if result.losses else "loss            n/a",
+        f"loss            {result.losses[0]:.4f} -> {result.losses[-1]:.4f}"
+        if result.losses
+        else "loss            n/a",
     ]
     if result.applied:
-        lines.append("applied         " + "; ".join(f"{a['toggle']}={a['value']}: {a['detail']}" for a in result.applied))
+        lines.append(
+            "applied         " + "; ".join(f"{a['toggle']}={a['value']}: {a['detail']}" for a in result.applied)
+        )
     return "\n".join(lines)
 
 

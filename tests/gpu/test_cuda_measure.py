@@ -85,7 +85,12 @@ def test_peak_memory_comes_from_the_allocator_and_covers_the_model_state() -> No
 
 @pytest.mark.parametrize(
     "overrides",
-    ["amp=fp16", "amp=bf16,cuda_graphs=true", "amp=bf16,attention_backend=flash", "matmul_precision=high,optimizer_impl=fused"],
+    [
+        "amp=fp16",
+        "amp=bf16,cuda_graphs=true",
+        "amp=bf16,attention_backend=flash",
+        "matmul_precision=high,optimizer_impl=fused",
+    ],
 )
 def test_gpu_toggles_run_as_trials(overrides: str) -> None:
     workload = "driving-vlm" if "attention" in overrides else "bev-perception"

@@ -87,9 +87,7 @@ def compare_trials(
     """Compare each candidate (or its repeats) with the baseline (or its repeats)."""
     base_runs = _as_runs(baseline)
     base = summarize(base_runs)
-    rows = [
-        _compare_one(base_runs, _as_runs(c), confidence, equivalence_margin, n_resamples, seed) for c in candidates
-    ]
+    rows = [_compare_one(base_runs, _as_runs(c), confidence, equivalence_margin, n_resamples, seed) for c in candidates]
     return Comparison(base, rows, repeats=len(base_runs), confidence=confidence, equivalence_margin=equivalence_margin)
 
 

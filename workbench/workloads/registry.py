@@ -114,7 +114,9 @@ def _import_spec(spec: str, preset: str, options: dict[str, Any]) -> Workload:
         raise WorkloadError(f"'{spec}' is a {type(obj).__name__}; it must be a Workload or a function returning one")
     result = obj(**_accepted_kwargs(obj, {"preset": preset, **options}))
     if not isinstance(result, Workload):
-        raise WorkloadError(f"'{spec}' returned {type(result).__name__}, not a Workload; build one with Workload.from_callables")
+        raise WorkloadError(
+            f"'{spec}' returned {type(result).__name__}, not a Workload; build one with Workload.from_callables"
+        )
     return result
 
 
