@@ -57,6 +57,8 @@ class TrialResult:
     started_at: float = 0.0
     wall_time_s: float = 0.0
     diverged_step: int | None = None
+    worker_pid: int | None = None
+    """The process that ran the trial (a fresh worker per trial under process isolation)."""
 
     # --- derived figures -----------------------------------------------------------
 

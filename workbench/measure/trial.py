@@ -10,6 +10,7 @@ keep going.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 import traceback
@@ -118,6 +119,7 @@ def run_trial_inline(
         steps=steps,
         batch_size=wl.effective_batch_size(config),
         started_at=time.time(),
+        worker_pid=os.getpid(),
     )
     emit(TrialStarted(result.trial_id, wl.describe(), result.config, warmup, steps, str(dev)))
     started = time.perf_counter()

@@ -1,0 +1,202 @@
+"""Trials in a worker process: every failure ends the worker, never the caller, and becomes a status."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from torch import nn
+
+from workbench.config import ConfigError, TrainConfig
+from workbench.measure import StepMeasured, TrialFinished, TrialStarted, run_trial
+from workbench.workloads import Workload, WorkloadError
+
+
+class Misbehaving(nn.Module):
+    """Behaves for `good_calls` forwards, then does one bad thing (in the worker)."""
+
+    def __init__(self, mode: str = "ok", good_calls: int = 2, sleep_s: float = 0.0) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 1)
+        self.mode, self.good_calls, self.sleep_s = mode, good_calls, sleep_s
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        time.sleep(self.sleep_s)
+        if self.calls > self.good_calls:
+            if self.mode == "raise":
+                raise ValueError("bad tensor shape in user code")
+            if self.mode == "oom":
+                torch.empty(8 * 1024**3, dtype=torch.uint8).fill_(1)  # 8 GiB, far above the limit
+            if self.mode == "hang":
+                time.sleep(600)
+            if self.mode == "crash":
+                os._exit(3)
+            if self.mode == "nan":
+                return self.linear(x) * float("nan")
+        return self.linear(x)
+
+
+def workload(mode: str = "ok", good_calls: int = 2, sleep_s: float = 0.0) -> Workload:
+    return Workload.from_callables(
+        model_fn=lambda: Misbehaving(mode, good_calls, sleep_s),
+        batch_fn=lambda n, g: (torch.randn(n, 8, generator=g), torch.randn(n, 1, generator=g)),
+        loss_fn=lambda out, batch: nn.functional.mse_loss(out, batch[1]),
+        batch_size=4,
+        name=f"misbehaving-{mode}",
+    )
+
+
+def _no_live_children() -> bool:
+    """No worker left behind (multiprocessing's own resource tracker lives as long as we do)."""
+
+    def workers() -> list[psutil.Process]:
+        found = []
+        for child in psutil.Process().children(recursive=True):
+            try:
+                if child.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(child.cmdline()):
+                    found.append(child)
+            except psutil.NoSuchProcess:
+                continue
+        return found
+
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        if not workers():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_healthy_trial_streams_events_as_they_happen() -> None:
+    received: list[tuple[float, object]] = []
+    result = run_trial(
+        workload(sleep_s=0.1), steps=8, warmup=1, on_event=lambda e: received.append((time.monotonic(), e))
+    )
+    assert result.status == "ok", result.message
+    kinds = [type(e) for _, e in received]
+    assert kinds[0] is TrialStarted and kinds[-1] is TrialFinished
+    steps = [(t, e) for t, e in received if isinstance(e, StepMeasured)]
+    assert len(steps) == 9
+    # Streamed, not delivered at the end: the first step arrived long before the last.
+    assert steps[-1][0] - steps[0][0] > 0.5
+    assert result.worker_pid not in (None, os.getpid())
+
+
+def test_each_trial_gets_a_fresh_process() -> None:
+    first = run_trial(workload(), steps=1, warmup=1)
+    second = run_trial(workload(), steps=1, warmup=1)
+    assert first.worker_pid != second.worker_pid
+
+
+def test_user_exception_is_an_error_result_with_traceback() -> None:
+    result = run_trial(workload("raise"), steps=5, warmup=1)
+    assert result.status == "error"
+    assert "ValueError: bad tensor shape in user code" in result.message and "Traceback" in result.message
+    assert run_trial(workload(), steps=1, warmup=1).status == "ok"  # the parent keeps working
+
+
+def test_memory_limit_turns_an_allocation_into_oom() -> None:
+    result = run_trial(workload("oom"), steps=5, warmup=1, memory_limit_bytes=3 * 1024**3)
+    assert result.status == "oom", result.message
+    assert "memory" in result.message
+
+
+def test_a_hang_is_killed_after_timeout() -> None:
+    begin = time.monotonic()
+    result = run_trial(workload("hang"), steps=5, warmup=1, timeout_s=3)
+    assert result.status == "timeout"
+    assert "no progress for 3 s" in result.message
+    assert time.monotonic() - begin < 30
+    assert result.warmup_step_ms and len(result.step_ms) == 1  # what was measured before the hang is kept
+    assert _no_live_children()
+
+
+def test_cancel_from_another_thread_ends_the_trial_within_a_second() -> None:
+    cancel = threading.Event()
+    cancelled_at: list[float] = []
+
+    def on_event(event: object) -> None:
+        if isinstance(event, StepMeasured) and event.step == 2 and not cancel.is_set():
+            threading.Timer(0.0, lambda: (cancelled_at.append(time.monotonic()), cancel.set())).start()
+
+    result = run_trial(
+        workload(sleep_s=0.05, good_calls=10**6), steps=10_000, warmup=1, cancel=cancel, on_event=on_event
+    )
+    assert result.status == "cancelled"
+    assert time.monotonic() - cancelled_at[0] < 1.0
+    assert _no_live_children()
+
+
+def test_a_crashing_worker_is_reported_not_propagated() -> None:
+    result = run_trial(workload("crash"), steps=5, warmup=1)
+    assert result.status == "error"
+    assert "exit code 3" in result.message
+
+
+def test_nan_loss_is_diverged_with_its_step() -> None:
+    result = run_trial(workload("nan", good_calls=3), steps=5, warmup=1)
+    assert result.status == "diverged" and result.diverged_step == 3
+
+
+def test_unpicklable_workload_names_the_culprit_and_the_fix() -> None:
+    lock = threading.Lock()
+    bad = Workload.from_callables(
+        model_fn=lambda: (lock, nn.Linear(8, 1))[1],
+        batch_fn=lambda n, g: (torch.randn(n, 8, generator=g), torch.randn(n, 1, generator=g)),
+        loss_fn=lambda out, batch: nn.functional.mse_loss(out, batch[1]),
+        name="holds-a-lock",
+    )
+    with pytest.raises(WorkloadError, match=r"holds-a-lock.*its model_fn.*cannot be pickled.*package\.module:function"):
+        run_trial(bad, steps=1, warmup=1)
+
+
+def test_input_errors_found_in_the_worker_are_raised_in_the_caller() -> None:
+    config = TrainConfig(activation_checkpointing="full", checkpoint_target="NoSuchBlock")
+    with pytest.raises(ConfigError, match="NoSuchBlock"):
+        run_trial("bev-perception", config, steps=1, warmup=1)
+    with pytest.raises(WorkloadError, match="unknown workload"):
+        run_trial("no-such-workload", steps=1, warmup=1)
+
+
+def test_a_model_class_defined_in_main_travels_by_value(tmp_path: Path) -> None:
+    """What a notebook does: the class lives in __main__, which the worker cannot import."""
+    script = tmp_path / "notebook_like.py"
+    script.write_text(
+        textwrap.dedent("""
+        import torch
+        from torch import nn
+        from workbench.measure import run_trial
+        from workbench.workloads import Workload
+
+        class CellDefinedNet(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 1))
+            def forward(self, x):
+                return self.net(x)
+
+        if __name__ == "__main__":
+            w = Workload.from_callables(
+                model_fn=CellDefinedNet,
+                batch_fn=lambda n, g: (torch.randn(n, 6, generator=g), torch.randn(n, 1, generator=g)),
+                loss_fn=lambda out, batch: nn.functional.mse_loss(out, batch[1]),
+                name="cell-defined",
+            )
+            result = run_trial(w, steps=3, warmup=1)
+            print("STATUS", result.status, result.workload, result.message[:300])
+    """)
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False
+    )
+    assert "STATUS ok cell-defined" in proc.stdout, proc.stdout + proc.stderr
