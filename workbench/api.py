@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from workbench.analysis.compare import Comparison, compare_trials
@@ -35,9 +35,8 @@ class ComparisonRun:
                 speedup=row.speedup,
                 speedup_ci=list(row.speedup_ci) if row.speedup_ci else None,
                 verdict=row.verdict,
-                numerics_ok=row.numerics_ok,
-                max_loss_deviation=row.max_loss_deviation,
-                loss_tolerance=row.loss_tolerance,
+                numerics_ok=row.numerics.ok,
+                numerics=asdict(row.numerics),
                 peak_memory_delta_bytes=row.peak_memory_delta_bytes,
                 final_loss_delta=row.final_loss_delta,
                 break_even_steps=row.break_even_steps,

@@ -9,21 +9,17 @@ which per-step resampling cannot see.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
+from workbench.analysis.numerics import NumericsCheck, check_numerics
 from workbench.config import TrainConfig
 from workbench.measure.result import TrialResult
 
 Verdict = Literal["faster", "slower", "no significant difference", "failed"]
-
-#: Allowed relative loss deviation from the baseline, by the least precise dtype of the pair.
-LOSS_RTOL = {"fp32": 0.02, "fp16": 0.05, "bf16": 0.08}
-_PRECISION_ORDER = ("fp32", "fp16", "bf16")
 
 
 @dataclass
@@ -54,13 +50,14 @@ class CandidateComparison:
     verdict: Verdict
     peak_memory_delta_bytes: int | None
     final_loss_delta: float | None
-    numerics_ok: bool | None
-    max_loss_deviation: float | None
-    """Largest relative deviation of the candidate's loss from the baseline's, step by step."""
-    loss_tolerance: float | None
+    numerics: NumericsCheck
     break_even_steps: float | None
     """Steps until the one-time compile/capture cost is paid back; None when it never is."""
     config_diff: dict[str, tuple[Any, Any]]
+
+    @property
+    def numerics_ok(self) -> bool | None:
+        return self.numerics.ok
 
 
 @dataclass
@@ -145,23 +142,6 @@ def verdict_for(ci: tuple[float, float], speedup: float, margin: float) -> Verdi
     return "no significant difference"
 
 
-def loss_tolerance(baseline_amp: str, candidate_amp: str) -> float:
-    worst = max(_PRECISION_ORDER.index(baseline_amp), _PRECISION_ORDER.index(candidate_amp))
-    return LOSS_RTOL[_PRECISION_ORDER[worst]]
-
-
-def loss_deviation(baseline: Sequence[float], candidate: Sequence[float]) -> float:
-    """Max over shared steps of |candidate - baseline| / max(|baseline|, 1e-8); inf when either is non-finite."""
-    n = min(len(baseline), len(candidate))
-    if n == 0:
-        return math.inf
-    b = np.asarray(baseline[:n], dtype=float)
-    c = np.asarray(candidate[:n], dtype=float)
-    if not (np.isfinite(b).all() and np.isfinite(c).all()):
-        return math.inf
-    return float(np.max(np.abs(c - b) / np.maximum(np.abs(b), 1e-8)))
-
-
 # --- internals ----------------------------------------------------------------------
 
 
@@ -176,13 +156,12 @@ def _compare_one(
     base, cand = summarize(base_runs), summarize(cand_runs)
     diff = TrainConfig.from_dict(base.config).diff(TrainConfig.from_dict(cand.config))
     b_steps, c_steps = _pooled_steps([r for r in base_runs if r.ok]), _pooled_steps([r for r in cand_runs if r.ok])
+    # Same seed and batches in every repeat: the first run of each stands for its losses.
+    numerics = check_numerics(base_runs[0], cand_runs[0])
     if base.status != "ok" or cand.status != "ok" or not b_steps.size or not c_steps.size:
-        deviation = _numerics(base_runs, cand_runs)
-        return CandidateComparison(cand, None, None, "failed", None, None, False if cand.status == "diverged" else None,
-                                   deviation[0], deviation[1], None, diff)  # fmt: skip
+        return CandidateComparison(cand, None, None, "failed", None, None, numerics, None, diff)
     speedup = float(np.median(b_steps) / np.median(c_steps))
     ci = speedup_interval(b_steps, c_steps, confidence, n_resamples, seed)
-    max_dev, tol = _numerics(base_runs, cand_runs)
     return CandidateComparison(
         summary=cand,
         speedup=speedup,
@@ -190,24 +169,10 @@ def _compare_one(
         verdict=verdict_for(ci, speedup, margin),
         peak_memory_delta_bytes=_delta(cand.peak_memory_bytes, base.peak_memory_bytes),
         final_loss_delta=_delta(cand.final_loss, base.final_loss),
-        numerics_ok=None if max_dev is None or tol is None else max_dev <= tol,
-        max_loss_deviation=max_dev,
-        loss_tolerance=tol,
+        numerics=numerics,
         break_even_steps=_break_even(base, cand),
         config_diff=diff,
     )
-
-
-def _numerics(base_runs: list[TrialResult], cand_runs: list[TrialResult]) -> tuple[float | None, float | None]:
-    """Deviation of the first candidate run's losses from the first baseline run's (same seed, same batches)."""
-    b = next((r for r in base_runs if r.losses), None)
-    c = next((r for r in cand_runs if r.losses), None)
-    if b is None or c is None:
-        return None, None
-    if b.config.get("seed") != c.config.get("seed"):
-        return None, None  # different data: trajectories are not comparable
-    tol = loss_tolerance(b.config.get("amp", "fp32"), c.config.get("amp", "fp32"))
-    return loss_deviation(b.losses, c.losses), tol
 
 
 def _break_even(base: TrialSummary, cand: TrialSummary) -> float | None:
