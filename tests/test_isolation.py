@@ -200,3 +200,16 @@ def test_a_model_class_defined_in_main_travels_by_value(tmp_path: Path) -> None:
         [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False
     )
     assert "STATUS ok cell-defined" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_background_handle_keeps_the_caller_free_and_cancels() -> None:
+    from workbench.api import start_trial
+
+    measuring = threading.Event()
+    handle = start_trial(workload(sleep_s=0.05, good_calls=10**6), steps=10_000, warmup=1,
+                         on_event=lambda e: measuring.set() if isinstance(e, StepMeasured) and e.timed else None)  # fmt: skip
+    assert not handle.done()  # returned at once: the trial runs on its own thread and process
+    assert measuring.wait(timeout=60)
+    handle.cancel()
+    result = handle.result(timeout=5)
+    assert result.status == "cancelled" and result.step_ms  # it had been measuring

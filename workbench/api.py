@@ -86,3 +86,56 @@ def run_comparison(
             runs[index].append(result)
     comparison = compare_trials(runs[0], runs[1:])
     return ComparisonRun(comparison, runs[0], runs[1:])
+
+
+class TrialHandle:
+    """A trial or comparison running on a background thread: the caller (a notebook) stays free.
+
+    `cancel()` stops it within about a second (the worker process is ended);
+    `result(timeout)` waits for the outcome; errors in the input are re-raised there.
+    """
+
+    def __init__(self, target: Any, *args: Any, **kwargs: Any) -> None:
+        self._cancel = threading.Event()
+        self._done = threading.Event()
+        self._outcome: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(target, args, kwargs), daemon=True)
+        self._thread.start()
+
+    def _run(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        try:
+            self._outcome = target(*args, cancel=self._cancel, **kwargs)
+        except BaseException as exc:  # kept for result(); a thread has nowhere else to raise
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self, timeout: float | None = None) -> Any:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"still running after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._outcome
+
+
+def start_trial(workload: Workload | str, config: TrainConfig | None = None, **options: Any) -> TrialHandle:
+    """`run_trial` on a background thread; same arguments (except `cancel`, which the handle owns)."""
+    return TrialHandle(run_trial, workload, config, **options)
+
+
+def start_comparison(
+    workload: Workload | str, baseline: TrainConfig, candidates: Sequence[TrainConfig], **options: Any
+) -> TrialHandle:
+    """`run_comparison` on a background thread."""
+    return TrialHandle(run_comparison, workload, baseline, candidates, **options)
