@@ -137,3 +137,16 @@ def test_bring_your_own_model_by_module_spec(tmp_path: Path) -> None:
     assert {a["toggle"] for a in data["applied"]} >= {"channels_last", "activation_checkpointing"}
     missing = workbench("run", "--workload", "no_such_module:tiny", env=env)
     assert missing.returncode == 2 and "cannot import 'no_such_module'" in missing.stderr
+
+
+def test_export_writes_a_snippet_json_and_a_command_that_round_trips() -> None:
+    snippet = workbench("export", "--set", "amp=bf16,channels_last=true", "--device", "cpu")
+    assert snippet.returncode == 0, snippet.stderr
+    compile(snippet.stdout, "snippet.py", "exec")
+    assert "torch.autocast" in snippet.stdout and "channels_last" in snippet.stdout
+    assert "import workbench" not in snippet.stdout and "from workbench" not in snippet.stdout
+    as_json = json.loads(workbench("export", "--set", "amp=bf16", "--format", "json").stdout)
+    assert as_json["amp"] == "bf16"
+    command = workbench("export", "--set", "amp=bf16", "--format", "command").stdout.strip()
+    assert command.startswith("workbench run ") and "--set amp=bf16" in command
+    assert workbench("export", "--format", "yaml").returncode == 2

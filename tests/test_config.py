@@ -107,6 +107,11 @@ def test_overrides_are_typed_by_field() -> None:
         parse_overrides("channels_last=maybe")
 
 
+def test_extra_overrides_merge_across_calls() -> None:
+    config = TrainConfig().with_overrides("extra.sample_cost_ms=5").with_overrides("extra.slow_step_ms=2")
+    assert config.extra == {"sample_cost_ms": 5, "slow_step_ms": 2}
+
+
 def test_config_is_frozen_and_replace_validates() -> None:
     config = TrainConfig()
     with pytest.raises(dataclasses.FrozenInstanceError):

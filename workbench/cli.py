@@ -42,6 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `workbench export | head`: the reader left, nothing is wrong
+        sys.stderr.close()
+        return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,6 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--repeats", type=int, default=1, help="interleaved repeats per configuration (default 1)")
     compare.set_defaults(handler=_cmd_compare)
 
+    export = sub.add_parser("export", help="write a configuration as a Python snippet, JSON or a command line")
+    export.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V[,K=V]")
+    export.add_argument("--format", default="snippet", choices=("snippet", "json", "command"))
+    export.add_argument("--device", default="cuda", help="device the snippet targets (default cuda)")
+    export.add_argument("--workload", default="bev-perception", help="for --format command")
+    export.add_argument("--preset", default="tiny", choices=PRESETS, help="for --format command")
+    export.set_defaults(handler=_cmd_export)
+
     workloads = sub.add_parser("workloads", help="list built-in workloads")
     workloads.add_argument("--json", action="store_true")
     workloads.set_defaults(handler=_cmd_workloads)
@@ -81,6 +92,8 @@ def _add_trial_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps (default 3)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when present)")
+    p.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help="end a trial that makes no progress for S seconds (status 'timeout')")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--quiet", action="store_true", help="no progress line")
 
@@ -102,7 +115,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     config = _config(args.overrides)
     with ProgressLine(enabled=not args.quiet and not args.json) as progress:
         result = run_trial(args.workload, config, warmup=args.warmup, steps=args.steps, device=args.device,
-                           preset=args.preset, on_event=progress)  # fmt: skip
+                           preset=args.preset, on_event=progress, timeout_s=args.timeout)  # fmt: skip
     if args.json:
         print(result.to_json(indent=2))
     else:
@@ -120,7 +133,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     candidates = [_config([text], base=baseline) for text in args.candidate]
     with ProgressLine(enabled=not args.quiet and not args.json) as progress:
         outcome = run_comparison(args.workload, baseline, candidates, repeats=args.repeats, warmup=args.warmup,
-                                 steps=args.steps, device=args.device, preset=args.preset, on_event=progress)  # fmt: skip
+                                 steps=args.steps, device=args.device, preset=args.preset, on_event=progress,
+                                 timeout_s=args.timeout)  # fmt: skip
     if args.json:
         print(json.dumps(outcome.to_dict(), indent=2))
     else:
@@ -129,6 +143,19 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         print(comparison_table(outcome))
     failed = [c for c in outcome.comparison.candidates if c.summary.status != "ok"]
     return EXIT_FAILED_TRIAL if failed or outcome.comparison.baseline.status != "ok" else 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from workbench.export import export_config
+
+    config = _config(args.overrides)
+    if args.format == "snippet":
+        print(export_config(config, "snippet", device=args.device))
+    elif args.format == "command":
+        print(export_config(config, "command", workload=args.workload, preset=args.preset))
+    else:
+        print(export_config(config, "json"))
+    return 0
 
 
 def _cmd_workloads(args: argparse.Namespace) -> int:

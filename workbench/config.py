@@ -141,8 +141,14 @@ class TrainConfig:
         return dataclasses.replace(self, **changes)
 
     def with_overrides(self, text: str) -> TrainConfig:
-        """Apply 'amp=bf16,channels_last=true' style overrides (as typed on a command line)."""
-        return self.replace(**parse_overrides(text))
+        """Apply 'amp=bf16,channels_last=true' style overrides (as typed on a command line).
+
+        `extra.KEY=VALUE` entries are merged into the existing `extra`, not replacing it.
+        """
+        changes = parse_overrides(text)
+        if "extra" in changes:
+            changes["extra"] = {**self.extra, **changes["extra"]}
+        return self.replace(**changes)
 
     def diff(self, other: TrainConfig) -> dict[str, tuple[Any, Any]]:
         """Fields whose values differ: name -> (self's value, other's value)."""

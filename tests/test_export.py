@@ -1,0 +1,468 @@
+"""Tests of `workbench.export`.
+
+The snippet is executed on a model of the user's own (not a workbench workload) and each
+toggle is checked on the user's objects: wrapped modules and recomputation counts, weight
+layout, the dtype convolutions see, optimizer flags, loader settings, the SDPA kernel that
+ran. Every valid combination of the enumerated fields must compile and pass ruff; the
+command line is checked by parsing it with the CLI's own parser.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import itertools
+import shlex
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.data import TensorDataset
+
+from workbench.cli import build_parser
+from workbench.config import CheckpointPolicy, ConfigError, TrainConfig, field_choices
+from workbench.export import FORMATS, export_config, to_command, to_json, to_snippet
+from workbench.optimizations.checkpointing import SAVED_OPS
+
+RUFF = Path(sys.executable).parent / "ruff"
+
+
+class Block(nn.Module):
+    """The user's repeated block; counts forward calls so recomputation is visible."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(c, c, 3, padding=1), nn.Conv2d(c, c, 3, padding=1)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x + self.conv2(F.gelu(self.conv1(x)))
+
+
+class UserNet(nn.Module):
+    """Conv stem, two Blocks, optional self-attention over pixels, linear head."""
+
+    def __init__(self, attention: bool = False, c: int = 8) -> None:
+        super().__init__()
+        self.attention = attention
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.blocks = nn.Sequential(Block(c), Block(c))
+        self.qkv = nn.Linear(c, 3 * c)
+        self.head = nn.Linear(c, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = self.blocks(self.stem(x)).flatten(2).transpose(1, 2)  # (batch, pixels, channels)
+        if self.attention:  # two heads: 4-D inputs, which CPU flash attention takes
+            b, n, c = f.shape
+            q, k, v = self.qkv(f).view(b, n, 3, 2, c // 2).permute(2, 0, 3, 1, 4)
+            f = f + F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, c)
+        return self.head(f.mean(1))
+
+
+def make_dataset(n: int = 64) -> TensorDataset:
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 3, 8, 8, generator=generator)
+    mix = torch.randn(3, 4, generator=generator)
+    return TensorDataset(x, x.mean((2, 3)) @ mix)  # a target the net can learn
+
+
+DATASET = make_dataset()
+
+
+class OpRecorder(TorchDispatchMode):
+    """Counts aten ops and records the dtype and layout of every convolution's input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+        self.conv_inputs: list[tuple[torch.dtype, bool]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops[func.overloadpacket.__name__] += 1
+        if func is torch.ops.aten.convolution.default:
+            x = args[0]
+            self.conv_inputs.append((x.dtype, x.is_contiguous(memory_format=torch.channels_last)))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture(autouse=True)
+def _restore_global_torch_state() -> Iterator[None]:
+    """Snippets set process-wide state (matmul precision, seed) as a user's script would.
+
+    One intra-op thread: these models are tiny, and with other processes on the 2 cores,
+    two threads made some backward kernels (math SDPA) 100x slower, not faster.
+    """
+    precision, rng, threads = torch.get_float32_matmul_precision(), torch.get_rng_state(), torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+    torch.set_float32_matmul_precision(precision)
+    torch.set_rng_state(rng)
+
+
+def load(config: TrainConfig, tmp_path: Path, device: str = "cpu") -> dict[str, Any]:
+    """Execute the snippet as a file of the user's in a fresh namespace; return that namespace."""
+    code = to_snippet(config, device=device)
+    path = tmp_path / "user_snippet.py"
+    path.write_text(code)
+    namespace: dict[str, Any] = {"__name__": "user_snippet"}
+    exec(compile(code, str(path), "exec"), namespace)
+    return namespace
+
+
+class Run:
+    """The user's loop over the snippet's functions: model, optimizer, loader, losses."""
+
+    def __init__(self, ns: dict[str, Any], model: nn.Module, **optimize: Any) -> None:
+        self.ns = ns
+        self.model = ns["optimize_model"](model, **optimize)
+        self.optimizer = ns["make_optimizer"](self.model)
+        self.loader = ns["make_loader"](DATASET, batch_size=8)
+        self.losses: list[float] = []
+        self._data = self._endless()
+
+    def _endless(self) -> Iterator[Any]:
+        while True:
+            yield from self.loader
+
+    def next_batches(self) -> list[Any]:
+        return [next(self._data) for _ in range(self.ns["GRAD_ACCUMULATION"])]
+
+    def step(self, batches: list[Any] | None = None) -> torch.Tensor:
+        loss = self.ns["train_step"](self.model, self.optimizer, batches or self.next_batches(), F.mse_loss)
+        self.losses.append(float(loss))
+        return loss
+
+    def train(self, steps: int = 15) -> Run:
+        for _ in range(steps):
+            self.step()
+        return self
+
+    def assert_learns(self) -> None:
+        assert all(torch.isfinite(torch.tensor(self.losses)))
+        first, last = sum(self.losses[:3]) / 3, sum(self.losses[-3:]) / 3
+        assert last < 0.8 * first, self.losses
+
+
+def recorded_step(run: Run) -> OpRecorder:
+    recorder = OpRecorder()
+    with recorder:
+        run.step()
+    return recorder
+
+
+# --- the snippet on the user's model ------------------------------------------------
+
+
+def test_defaults_give_a_plain_fp32_loop(tmp_path: Path) -> None:
+    code = to_snippet(TrainConfig(), device="cpu")
+    for absent in ("autocast", "compile(", "checkpoint", "sdpa_kernel", "GradScaler", "num_workers", "cuda"):
+        assert absent not in code
+    run = Run(load(TrainConfig(lr=1e-2), tmp_path), UserNet())
+    recorder = recorded_step(run)
+    assert {dtype for dtype, _ in recorder.conv_inputs} == {torch.float32}
+    assert not any(cl for _, cl in recorder.conv_inputs)  # the control for the channels_last test
+    assert type(run.optimizer) is torch.optim.AdamW and run.optimizer.param_groups[0]["foreach"] is False
+    assert run.loader.num_workers == 0
+    run.train().assert_learns()
+
+
+def test_bf16_channels_last_fused_and_tf32(tmp_path: Path) -> None:
+    config = TrainConfig(amp="bf16", channels_last=True, optimizer_impl="fused", matmul_precision="high", lr=1e-2)
+    run = Run(load(config, tmp_path), UserNet())
+    assert torch.get_float32_matmul_precision() == "high"
+    assert all(p.is_contiguous(memory_format=torch.channels_last) for p in run.model.parameters() if p.dim() == 4)
+    recorder = recorded_step(run)
+    assert len(recorder.conv_inputs) >= 5
+    assert all(dtype == torch.bfloat16 and channels_last for dtype, channels_last in recorder.conv_inputs)
+    assert run.optimizer.param_groups[0]["fused"] is True
+    run.train().assert_learns()
+
+
+def test_fp16_uses_the_grad_scaler(tmp_path: Path) -> None:
+    run = Run(load(TrainConfig(amp="fp16", lr=1e-2), tmp_path), UserNet())
+    recorder = recorded_step(run)
+    assert {dtype for dtype, _ in recorder.conv_inputs} == {torch.float16}
+    scaler = run.ns["scaler"]
+    assert isinstance(scaler, torch.amp.GradScaler) and scaler.get_scale() > 0
+    assert scaler._scale is not None  # the step went through the scaler, not around it
+    run.train().assert_learns()
+
+
+@pytest.mark.parametrize(("policy", "target"), [("full", "Block"), ("selective", "blocks.*")])
+def test_activation_checkpointing_wraps_and_recomputes_the_target(
+    policy: CheckpointPolicy, target: str, tmp_path: Path
+) -> None:
+    baseline = recorded_step(Run(load(TrainConfig(), tmp_path), UserNet()))
+    ns = load(TrainConfig(activation_checkpointing=policy, checkpoint_target=target, lr=1e-2), tmp_path)
+    run = Run(ns, UserNet())
+    for name, module in run.model.named_modules():
+        wrapped = isinstance(module.forward, functools.partial) and module.forward.func is ns["_checkpointed"]
+        assert wrapped == (name in ("blocks.0", "blocks.1")), name
+    recorder = recorded_step(run)
+    assert run.model.blocks[0].calls == 2  # forward, then again in backward
+    if policy == "full":
+        assert recorder.ops["convolution"] > baseline.ops["convolution"]
+    else:  # convolution outputs are saved: only the cheap ops run again
+        assert recorder.ops["convolution"] == baseline.ops["convolution"]
+        assert recorder.ops["gelu"] > baseline.ops["gelu"]
+        assert ns["SAVED_OPS"] == SAVED_OPS  # the same policy as the workbench's
+    run.train().assert_learns()
+
+
+def test_checkpoint_target_auto_makes_the_user_name_the_block(tmp_path: Path) -> None:
+    code = to_snippet(TrainConfig(activation_checkpointing="full"), device="cpu")
+    assert "checkpoint_target='auto'" in code and "YOUR model" in code
+    ns = load(TrainConfig(activation_checkpointing="full"), tmp_path)
+    with pytest.raises(TypeError, match="checkpoint_target"):
+        ns["optimize_model"](UserNet())
+    model = ns["optimize_model"](UserNet(), checkpoint_target="blocks.1")
+    assert isinstance(model.blocks[1].forward, functools.partial)
+    assert not isinstance(model.blocks[0].forward, functools.partial)
+    with pytest.raises(ValueError, match="matches no module"):
+        ns["optimize_model"](UserNet(), checkpoint_target="NoSuchBlock")
+
+
+def test_grad_accumulation_equals_one_big_batch(tmp_path: Path) -> None:
+    micro = [(x, y) for x, y in zip(DATASET.tensors[0][:8].split(4), DATASET.tensors[1][:8].split(4))]
+    runs = {}
+    for n, batches in ((2, micro), (1, [(DATASET.tensors[0][:8], DATASET.tensors[1][:8])])):
+        run = Run(load(TrainConfig(grad_accumulation=n, optimizer="sgd"), tmp_path), UserNet())
+        run.step(batches)
+        runs[n] = run
+    for p, q in zip(runs[1].model.parameters(), runs[2].model.parameters()):
+        torch.testing.assert_close(p, q)
+    Run(load(TrainConfig(grad_accumulation=2, lr=1e-2), tmp_path), UserNet()).train().assert_learns()
+
+
+def test_loader_settings_reach_the_data_loader(tmp_path: Path) -> None:
+    config = TrainConfig(num_workers=2, prefetch_factor=4, persistent_workers=True, lr=1e-2)
+    run = Run(load(config, tmp_path), UserNet())
+    assert (run.loader.num_workers, run.loader.prefetch_factor, run.loader.persistent_workers) == (2, 4, True)
+    assert run.loader.batch_size == 8 and run.loader.pin_memory is False  # pin_memory is CUDA-only
+    run.train().assert_learns()
+
+
+def test_compile_with_a_cheap_backend(tmp_path: Path) -> None:
+    config = TrainConfig(compile="max-autotune", compile_backend="eager", compile_dynamic=False, lr=1e-2)
+    code = to_snippet(config, device="cpu")
+    assert 'torch.compile(model, dynamic=False, backend="eager")' in code  # inductor-only mode left out
+    torch._dynamo.reset()
+    run = Run(load(config, tmp_path), UserNet())
+    assert isinstance(run.model, torch._dynamo.eval_frame.OptimizedModule)
+    run.train().assert_learns()
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # dynamo really traced it
+    torch._dynamo.reset()
+
+
+def test_attention_backend_holds_in_forward_and_backward(tmp_path: Path) -> None:
+    ops = {}
+    for backend in ("auto", "math"):
+        run = Run(load(TrainConfig(attention_backend=backend, lr=1e-2), tmp_path), UserNet(attention=True))
+        ops[backend] = recorded_step(run).ops
+        run.train().assert_learns()
+    # The control: on CPU, PyTorch's own choice is the flash kernel (forward and backward).
+    flash = "_scaled_dot_product_flash_attention_for_cpu"
+    assert ops["auto"][flash] == 1 and ops["auto"][f"{flash}_backward"] == 1
+    assert not any("flash" in name for name in ops["math"]) and ops["math"]["bmm"] > ops["auto"]["bmm"]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [TrainConfig(), TrainConfig(grad_accumulation=2, activation_checkpointing="full"), TrainConfig(batch_size=4)],
+    ids=["defaults", "accumulation-auto-target", "batch_size"],
+)
+def test_the_usage_example_runs_as_written(config: TrainConfig, tmp_path: Path) -> None:
+    code = to_snippet(config, device="cpu")
+    usage = code.split("# Usage, with your model, dataset and loss function:\n")[1].split("\n\n")[0]
+    example = textwrap.dedent("\n".join(line[1:] for line in usage.splitlines()))
+    ns = load(config, tmp_path)
+    ns.update(MyModel=UserNet, my_dataset=DATASET, loss_fn=F.mse_loss, num_epochs=2)
+    exec(example.replace('"MyBlock"', '"Block"'), ns)
+    assert torch.isfinite(ns["loss"]) and isinstance(ns["model"], UserNet)
+
+
+def test_cuda_graphs_snippet_fails_clearly_without_cuda(tmp_path: Path) -> None:
+    config = TrainConfig(cuda_graphs=True, amp="bf16")
+    code = to_snippet(config)
+    assert "torch.cuda.graph(graph)" in code and "capturable=True" in code
+    with pytest.raises(ConfigError, match="CUDA device"):
+        to_snippet(config, device="cpu")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA; tests/gpu/test_export_cuda.py runs the snippet")
+    with pytest.raises(RuntimeError, match=r"CUDA graphs, which need a CUDA device"):
+        load(config, tmp_path, device="cuda")
+
+
+@pytest.mark.parametrize("device", ["cuda'); import os; ('", "", "CUDA"])
+def test_bad_device_strings_are_refused(device: str) -> None:
+    with pytest.raises(ConfigError, match="device"):
+        to_snippet(TrainConfig(), device=device)
+
+
+# --- every valid combination --------------------------------------------------------
+
+
+AXES = ("amp", "compile", "activation_checkpointing", "cuda_graphs", "optimizer_impl", "attention_backend")
+
+
+def valid_configs() -> list[TrainConfig]:
+    """Every valid combination of the main enumerated toggles; the other fields cycle along."""
+    axes = [field_choices(name) or () for name in AXES]
+    cycled = [
+        ("channels_last", (False, True)),
+        ("optimizer", ("adamw", "sgd", "adamw")),
+        ("matmul_precision", ("highest", "high", "medium", "high")),
+        ("grad_accumulation", (1, 2, 3, 1, 4)),
+        ("checkpoint_target", ("auto", "Block", "encoder.*")),
+        ("compile_backend", ("inductor", "eager", "inductor", "aot_eager", "inductor", "inductor")),
+        ("compile_fullgraph", (False, True, False)),
+        ("compile_dynamic", (None, True, False, None)),
+        ("num_workers", (0, 2, 0, 4, 1)),
+        ("pin_memory", (False, True, False)),
+        ("batch_size", (None, 16, None, 7)),
+    ]
+    configs = []
+    for i, values in enumerate(itertools.product(*axes)):
+        fields = dict(zip(AXES, values))
+        fields.update({name: choices[i % len(choices)] for name, choices in cycled})
+        if fields["activation_checkpointing"] == "off":
+            fields["checkpoint_target"] = "auto"
+        if fields["compile"] == "off":
+            fields.update(compile_backend="inductor", compile_fullgraph=False, compile_dynamic=None)
+        if fields["num_workers"]:
+            fields.update(prefetch_factor=(None, 3)[i % 2], persistent_workers=i % 3 == 0)
+        try:
+            configs.append(TrainConfig(**fields))
+        except ConfigError:
+            continue  # a combination TrainConfig rejects (e.g. cuda_graphs with fp16)
+    return configs
+
+
+def imported_modules(tree: ast.Module) -> list[str]:
+    names = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    return names + [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+
+
+def test_every_valid_combination_compiles_and_imports_no_workbench(tmp_path: Path) -> None:
+    configs = valid_configs()
+    assert len(configs) > 500
+    for i, config in enumerate(configs):
+        code = to_snippet(config, device="cuda")
+        tree = ast.parse(code)  # SyntaxError names the line
+        compile(tree, f"snippet_{i}.py", "exec")
+        imported = imported_modules(tree)
+        assert "torch" in imported and not any(name.split(".")[0] == "workbench" for name in imported), config
+        (tmp_path / f"snippet_{i}.py").write_text(code)
+    if not RUFF.exists():
+        pytest.skip("ruff is not installed in this environment (pip install -e .[dev])")
+    # --isolated: judged by ruff's defaults (88 columns), as a user's project would, not by ours.
+    check = subprocess.run(
+        [str(RUFF), "check", "--isolated", "--select", "E,F,W,I,B", "--no-cache", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 0, check.stdout[-3000:]
+    formatted = subprocess.run(
+        [str(RUFF), "format", "--isolated", "--check", "--no-cache", str(tmp_path)], capture_output=True, text=True
+    )
+    assert formatted.returncode == 0, formatted.stdout[-3000:]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        TrainConfig(),
+        TrainConfig(amp="bf16", channels_last=True, activation_checkpointing="full", checkpoint_target="Block"),
+        TrainConfig(amp="fp16", activation_checkpointing="selective", num_workers=2, prefetch_factor=4),
+        TrainConfig(cuda_graphs=True, compile="default", attention_backend="flash", matmul_precision="high"),
+    ],
+    ids=["defaults", "bf16-ckpt", "fp16-selective-loader", "cuda-graphs"],
+)
+def test_representative_snippets_pass_ruff_from_stdin(config: TrainConfig) -> None:
+    if not RUFF.exists():
+        pytest.skip("ruff is not installed in this environment (pip install -e .[dev])")
+    result = subprocess.run(
+        [str(RUFF), "check", "--select", "E,F,W", "--stdin-filename", "snippet.py", "-"],
+        input=to_snippet(config),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout
+
+
+# --- JSON, command line, dispatch ---------------------------------------------------
+
+CONFIGS = [
+    TrainConfig(),
+    TrainConfig(amp="bf16", channels_last=True, lr=3e-4, seed=7, extra={"sample_cost_ms": 5, "name": "x y"}),
+    TrainConfig(
+        compile="max-autotune-no-cudagraphs",
+        compile_fullgraph=True,
+        compile_dynamic=False,
+        compile_backend="aot_eager",
+        cuda_graphs=True,
+        num_workers=2,
+        prefetch_factor=4,
+        persistent_workers=True,
+        pin_memory=True,
+        batch_size=3,
+    ),
+    TrainConfig(activation_checkpointing="selective", checkpoint_target="encoder.*", grad_accumulation=4),
+    TrainConfig(extra={"flag": True, "ratio": 0.5, "label": "7", "none": None}),
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_json_round_trips(config: TrainConfig) -> None:
+    text = to_json(config)
+    assert text.count("\n") > len(TrainConfig().to_dict())  # indented, one field a line
+    assert TrainConfig.from_json(text) == config
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_command_parses_back_to_the_same_config(config: TrainConfig) -> None:
+    argv = shlex.split(to_command(config, workload="planner", preset="base", steps=7, warmup=1))
+    assert argv[0] == "workbench"
+    args = build_parser().parse_args(argv[1:])
+    rebuilt = TrainConfig()
+    for text in args.overrides:
+        rebuilt = rebuilt.with_overrides(text)
+    assert rebuilt == config
+    assert (args.command, args.workload, args.preset, args.steps, args.warmup) == ("run", "planner", "base", 7, 1)
+    assert len(args.overrides) == len(TrainConfig().diff(config))  # only non-default fields
+
+
+def test_torchrun_command_form() -> None:
+    config = TrainConfig(amp="bf16")
+    argv = shlex.split(to_command(config, nproc_per_node=2))
+    assert argv[:4] == ["torchrun", "--nproc_per_node=2", "-m", "workbench.cli"]
+    args = build_parser().parse_args(argv[4:])
+    assert args.overrides == ["amp=bf16"] and args.workload == "bev-perception"
+    with pytest.raises(ConfigError, match="nproc_per_node"):
+        to_command(config, nproc_per_node=0)
+
+
+def test_values_the_command_line_cannot_carry_are_refused() -> None:
+    with pytest.raises(ConfigError, match="--set"):
+        to_command(TrainConfig(extra={"sizes": [1, 2]}))  # the comma would split the override
+
+
+def test_export_config_dispatches_and_names_the_formats() -> None:
+    config = TrainConfig(amp="bf16")
+    assert export_config(config, "snippet", device="cpu") == to_snippet(config, device="cpu")
+    assert export_config(config, "json") == to_json(config)
+    assert export_config(config, "command", steps=5) == to_command(config, steps=5)
+    with pytest.raises(ConfigError, match="snippet, json, command"):
+        export_config(config, "yaml")
+    assert FORMATS == ("snippet", "json", "command")

@@ -1,0 +1,664 @@
+"""Take a configuration away: a paste-able plain-PyTorch snippet, JSON, or the CLI command.
+
+The snippet is generated text, not a copy of `workbench.optimizations`: users paste it into
+their own training scripts, so it must not import workbench and should hold only what the
+config turns on. The price is a second implementation of each toggle; tests run the snippet
+on a model of their own and check every toggle on the user's objects to keep the two equal.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any
+
+from workbench.config import ConfigError, TrainConfig, field_doc, field_names
+
+FORMATS = ("snippet", "json", "command")
+
+LINE_LENGTH = 88
+"""Generated lines fit ruff's and black's default width: code that users paste lands in
+projects with the strictest common setting."""
+
+_DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
+_SDPA_BACKENDS = {
+    "math": "MATH",
+    "efficient": "EFFICIENT_ATTENTION",
+    "flash": "FLASH_ATTENTION",
+    "cudnn": "CUDNN_ATTENTION",
+}
+# Mirrors `workbench.optimizations.checkpointing._compute_heavy_ops` (a test keeps them equal).
+_SAVED_OPS = (
+    "mm",
+    "addmm",
+    "bmm",
+    "baddbmm",
+    "convolution",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+)
+_DEVICE = re.compile(r"[a-z]+(:[0-9]+)?")
+_WARMUP_ITERS = 3  # as `workbench.optimizations.cuda_graphs.WARMUP_ITERS` and PyTorch's recipe
+
+
+def export_config(config: TrainConfig, fmt: str, **kwargs: Any) -> str:
+    """`config` as a snippet, JSON or command line; `kwargs` go to the chosen exporter."""
+    exporters = {"snippet": to_snippet, "json": to_json, "command": to_command}
+    if fmt not in exporters:
+        raise ConfigError(f"export format {fmt!r} is not valid; choose one of: {', '.join(FORMATS)}")
+    return exporters[fmt](config, **kwargs)
+
+
+def to_json(config: TrainConfig) -> str:
+    """Indented JSON of every field; `TrainConfig.from_json` loads it back."""
+    try:
+        return json.dumps(config.to_dict(), indent=2)
+    except TypeError as exc:  # only `extra` can hold arbitrary objects
+        raise ConfigError(f"extra holds a value JSON cannot store: {exc}") from None
+
+
+# --- command line -------------------------------------------------------------------
+
+
+def to_command(
+    config: TrainConfig,
+    *,
+    workload: str = "bev-perception",
+    preset: str = "tiny",
+    steps: int = 20,
+    warmup: int = 3,
+    nproc_per_node: int | None = None,
+) -> str:
+    """The `workbench run` command that measures `config` (one `--set` per non-default field).
+
+    With `nproc_per_node`, the `torchrun` form that starts one worker per process. Fields are
+    emitted in declaration order: the CLI applies each `--set` in turn and validates after
+    each, and every field that depends on another (compile_fullgraph on compile,
+    checkpoint_target on activation_checkpointing, prefetch_factor on num_workers) is declared
+    after it.
+    """
+    if nproc_per_node is None:
+        head = ["workbench"]
+    elif isinstance(nproc_per_node, bool) or not isinstance(nproc_per_node, int) or nproc_per_node < 1:
+        raise ConfigError(f"nproc_per_node must be a positive integer, got {nproc_per_node!r}")
+    else:
+        head = ["torchrun", f"--nproc_per_node={nproc_per_node}", "-m", "workbench.cli"]
+    argv = [*head, "run", "--workload", workload, "--preset", preset]
+    argv += ["--steps", str(steps), "--warmup", str(warmup)]
+    rebuilt = TrainConfig()
+    for item in _override_items(config):
+        try:  # read back as the CLI will: a comma or edge whitespace in a value does not survive
+            rebuilt = rebuilt.with_overrides(item)
+        except ConfigError as exc:
+            raise ConfigError(f"--set {item!r} would not parse back ({exc}); export as JSON instead") from None
+        argv += ["--set", item]
+    if rebuilt != config:
+        diff = ", ".join(f"{k}: {v[1]!r} would become {v[0]!r}" for k, v in rebuilt.diff(config).items())
+        raise ConfigError(f"this config cannot be written as --set overrides ({diff}); export as JSON instead")
+    return " ".join(shlex.quote(arg) for arg in argv)
+
+
+def _override_items(config: TrainConfig) -> list[str]:
+    """'name=value' for each non-default field, in declaration order; extra as 'extra.KEY=VALUE'."""
+    changed = TrainConfig().diff(config)
+    items: list[str] = []
+    for name in field_names():
+        if name not in changed:
+            continue
+        if name == "extra":
+            # One --set for all entries: a --set replaces the whole extra dict, it does not merge.
+            items.append(",".join(f"extra.{key}={_extra_text(value)}" for key, value in config.extra.items()))
+        else:
+            items.append(f"{name}={_cli_text(getattr(config, name))}")
+    return items
+
+
+def _cli_text(value: Any) -> str:
+    """A field value as `parse_value` reads it back: true/false, none, numbers, bare strings."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "none" if value is None else str(value)
+
+
+def _extra_text(value: Any) -> str:
+    """An extra value as `parse_overrides` reads it back: JSON, except strings JSON would not parse."""
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except json.JSONDecodeError:
+            return value  # stays a string when parsed back; no quotes needed
+    return json.dumps(value)
+
+
+# --- snippet ----------------------------------------------------------------------
+
+
+@dataclass
+class _Snippet:
+    """The pieces of a snippet, collected by the section builders, assembled by `text()`."""
+
+    imports: set[str] = field(default_factory=set)
+    constants: list[str] = field(default_factory=list)
+    statements: list[str] = field(default_factory=list)
+    functions: list[str] = field(default_factory=list)
+
+    def text(self, header: list[str]) -> str:
+        blocks = [
+            "\n".join(header),
+            _import_block(self.imports),
+            "\n".join(self.constants),
+            "\n\n".join(self.statements),
+            *self.functions,
+        ]
+        # One blank line after the imports (isort's rule before plain statements), two
+        # between the other top-level blocks (pycodestyle's rule around functions).
+        rest = "\n\n\n".join(block for block in blocks[3:] if block)
+        return f"{blocks[0]}\n\n{blocks[1]}\n\n{blocks[2]}\n\n\n{rest}\n"
+
+
+def to_snippet(config: TrainConfig, *, device: str = "cuda") -> str:
+    """Plain-PyTorch code applying `config` to the user's own model, optimizer, data and loop.
+
+    The snippet defines `optimize_model`, `make_optimizer`, `make_loader` and `train_step`
+    (plus `make_graphed_step` under CUDA graphs), in the order `optimizations.build` applies
+    the toggles, with a header listing the config and a usage example.
+    """
+    if not isinstance(device, str) or not _DEVICE.fullmatch(device):
+        raise ConfigError(f"device must be a device string such as 'cuda', 'cuda:1' or 'cpu', got {device!r}")
+    if config.cuda_graphs and not device.startswith("cuda"):
+        raise ConfigError(f"cuda_graphs=true needs a CUDA device; export it with device='cuda', not {device!r}")
+    snippet = _Snippet(imports={"import torch", "from torch import nn"})
+    snippet.imports.add("from collections.abc import Callable, Sequence")
+    snippet.constants += [f"DEVICE = torch.device({_q(device)})", f"SEED = {config.seed}"]
+    snippet.constants.append(f"GRAD_ACCUMULATION = {config.grad_accumulation}  # micro-batches per optimizer step")
+    if config.batch_size is not None:
+        snippet.constants.append(f"BATCH_SIZE = {config.batch_size}  # samples per micro-batch")
+    if config.activation_checkpointing != "off" and config.checkpoint_target != "auto":
+        snippet.constants += [
+            "# Modules to checkpoint: a class name, or an fnmatch glob over qualified names.",
+            f"CHECKPOINT_TARGET = {_q(config.checkpoint_target)}",
+        ]
+    snippet.constants += [
+        "",
+        "# One micro-batch is an (inputs, targets) pair; adapt train_step if yours differ.",
+        "Batch = tuple[torch.Tensor, torch.Tensor]",
+        "LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]",
+    ]
+    _add_statements(snippet, config, device)
+    if config.activation_checkpointing != "off":
+        _add_checkpointing(snippet, config.activation_checkpointing)
+    snippet.functions.append(_optimize_model(config))
+    snippet.functions.append(_make_optimizer(config))
+    snippet.imports.add("from torch.utils.data import DataLoader, Dataset")
+    snippet.functions.append(_make_loader(config, device))
+    if config.attention_backend != "auto":
+        snippet.imports.add("from torch.nn.attention import SDPBackend, sdpa_kernel")
+    snippet.functions.append(_train_step(config, device))
+    if config.cuda_graphs:
+        if config.optimizer == "adamw":
+            snippet.imports.add("import warnings")
+        snippet.functions.append(_graphed_step(config))
+    return snippet.text(_header(config, device))
+
+
+def _header(config: TrainConfig, device: str) -> list[str]:
+    """Comment lines: what this is, the config (one entry per non-default field) and usage."""
+    lines = [
+        "# Training step exported from the PyTorch training workbench. Plain PyTorch: paste",
+        f"# it into your training script. Exported for device {_q(device)}.",
+        "#",
+    ]
+    changed = TrainConfig().diff(config)
+    if not changed:
+        lines.append("# Configuration: the workbench defaults (fp32, eager, AdamW, no loader workers).")
+    else:
+        lines.append("# Configuration (the fields that differ from the workbench defaults):")
+    for name, (_, value) in changed.items():
+        shown = json.dumps(value) if name == "extra" else _cli_text(value)
+        what = _what(name, value, config)
+        if name == "pin_memory" and not device.startswith("cuda"):
+            what += "; left out here: it only speeds up copies to a GPU"
+        lines += _comment(f"{name}={shown}: {what}", indent="#   ", rest="#       ")
+    model = "optimize_model(MyModel())"
+    if config.activation_checkpointing != "off" and config.checkpoint_target == "auto":
+        model = 'optimize_model(MyModel(), checkpoint_target="MyBlock")'
+    batch_size = "" if config.batch_size is not None else ", batch_size=32"
+    lines += [
+        "#",
+        "# Usage, with your model, dataset and loss function:",
+        f"#     model = {model}",
+        "#     optimizer = make_optimizer(model)  # after optimize_model",
+        f"#     loader = make_loader(my_dataset{batch_size})",
+    ]
+    get = "[next(data) for _ in range(GRAD_ACCUMULATION)]"
+    step = "train_step(model, optimizer, batches, loss_fn)"
+    if config.cuda_graphs:
+        lines += [
+            "#     first = list(itertools.islice(loader, GRAD_ACCUMULATION))",
+            "#     graphed_step = make_graphed_step(model, optimizer, first, loss_fn)",
+        ]
+        step = "graphed_step(batches)"
+    lines += [
+        "#     for epoch in range(num_epochs):",
+        "#         data = iter(loader)",
+        "#         for _ in range(len(loader) // GRAD_ACCUMULATION):",
+        f"#             batches = {get}",
+        f"#             loss = {step}",
+    ]
+    return lines
+
+
+def _what(name: str, value: Any, config: TrainConfig) -> str:
+    """What a non-default field does, said for its value; the field's docstring otherwise."""
+    described: dict[str, Any] = {
+        "amp": {"bf16": "bfloat16 autocast, no loss scaling needed", "fp16": "float16 autocast with a GradScaler"},
+        "compile": "torch.compile of the model" + ("" if value == "default" else f", mode {value}"),
+        "compile_fullgraph": "compile fails on graph breaks instead of running them eagerly",
+        "compile_dynamic": {True: "compile for dynamic shapes", False: "compile for static shapes only"},
+        "compile_backend": f"compile with the {value} backend"
+        + ("" if config.compile == "default" else " (no mode: only inductor takes one)"),
+        "activation_checkpointing": {
+            "full": "recompute the target modules' activations in backward",
+            "selective": "recompute the target modules' cheap ops, keep matmul/conv/attention outputs",
+        },
+        "checkpoint_target": "the modules to checkpoint (class name or name glob)",
+        "cuda_graphs": "capture the whole step as one CUDA graph and replay it",
+        "channels_last": "NHWC memory format for 4-D weights and inputs",
+        "matmul_precision": f"float32 matmuls may use {'TF32' if value == 'high' else 'bfloat16 kernels'}",
+        "optimizer": "SGD with momentum 0.9 instead of AdamW",
+        "optimizer_impl": {"foreach": "batched (foreach) optimizer kernels", "fused": "fused optimizer kernel"},
+        "lr": "learning rate",
+        "attention_backend": f"scaled_dot_product_attention forced to the {value} kernel",
+        "batch_size": "samples per micro-batch",
+        "grad_accumulation": "micro-batches per optimizer step",
+        "num_workers": "DataLoader worker processes",
+        "pin_memory": "page-locked batches for asynchronous copies to the GPU",
+        "prefetch_factor": "batches each loader worker loads ahead",
+        "persistent_workers": "loader workers stay alive between epochs",
+        "seed": "seed of the initial weights and the data order",
+        "extra": "options of the workbench's workload; not part of the training step",
+    }
+    what = described.get(name)
+    if isinstance(what, dict):
+        what = what.get(value)
+    return str(what) if what is not None else field_doc(name)
+
+
+def _add_statements(snippet: _Snippet, config: TrainConfig, device: str) -> None:
+    """Module-level statements: the CUDA check, the seed, float32 matmul precision, the scaler."""
+    if config.cuda_graphs:
+        snippet.statements.append(
+            "# CUDA graphs (make_graphed_step) exist only on CUDA devices: fail here, with the\n"
+            "# reason, rather than deep inside .to() or the capture.\n"
+            "if not torch.cuda.is_available():\n"
+            "    raise RuntimeError(\n"
+            '        "This training step captures CUDA graphs, which need a CUDA device, but "\n'
+            '        "torch.cuda.is_available() is False. Export the configuration with "\n'
+            '        "cuda_graphs=false to train on this machine."\n'
+            "    )"
+        )
+    snippet.statements.append(
+        "# The measured run's seed: equal initial weights and data order. Keep this line above\n"
+        "# the one that builds your model.\n"
+        "torch.manual_seed(SEED)"
+    )
+    if config.matmul_precision != "highest":
+        what = "TF32 (10-bit mantissa)" if config.matmul_precision == "high" else "bfloat16-based kernels"
+        why = f"float32 matmuls may use {what}: faster, a little less precise (on NVIDIA GPUs from Ampere on)."
+        code = [f"torch.set_float32_matmul_precision({_q(config.matmul_precision)})"]
+        if device.startswith("cuda"):
+            why += " cuDNN convolutions may use TF32 too (PyTorch's default, made explicit here)."
+            code.append("torch.backends.cudnn.allow_tf32 = True")
+        snippet.statements.append("\n".join([*_comment(why, indent="# "), *code]))
+    if config.amp == "fp16":
+        snippet.statements.append(
+            "# fp16 gradients underflow: GradScaler scales the loss up before backward, unscales\n"
+            "# the gradients before the step and skips steps whose gradients overflowed.\n"
+            "scaler = torch.amp.GradScaler(DEVICE.type)"
+        )
+
+
+def _add_checkpointing(snippet: _Snippet, policy: str) -> None:
+    """`checkpoint_modules` and the patched forward; mirrors `optimizations.checkpointing`."""
+    snippet.imports |= {"import fnmatch", "import functools", "from typing import Any"}
+    snippet.functions.append(
+        "def checkpoint_modules(model: nn.Module, target: str) -> list[str]:\n"
+        '    """Recompute in backward the activations of every module matching `target`.\n'
+        "\n"
+        "    `target` is a module class name or an fnmatch glob over qualified module names.\n"
+        "    Each outermost match's forward is patched in place, so the module keeps its type,\n"
+        "    name and state_dict keys. Returns the qualified names of the wrapped modules.\n"
+        '    """\n'
+        "    wrapped: list[str] = []\n"
+        "    for name, module in model.named_modules():\n"
+        "        # Inside a wrapped module already: wrapping it too would recompute twice.\n"
+        '        if any(w == "" or name == w or name.startswith(w + ".") for w in wrapped):\n'
+        "            continue\n"
+        "        by_class = type(module).__name__ == target\n"
+        '        by_name = name != "" and fnmatch.fnmatchcase(name, target)\n'
+        "        if by_class or by_name:\n"
+        "            module.forward = functools.partial(_checkpointed, module.forward)\n"
+        "            wrapped.append(name)\n"
+        "    if not wrapped:\n"
+        '        raise ValueError(f"checkpoint target {target!r} matches no module of the model")\n'
+        "    return wrapped"
+    )
+    if policy == "full":
+        snippet.imports.add("from torch.utils.checkpoint import checkpoint")
+        snippet.functions.append(
+            "def _checkpointed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:\n"
+            "    # Full checkpointing keeps only the module's inputs. Non-reentrant is the mode\n"
+            "    # PyTorch recommends: it supports keyword arguments and torch.compile.\n"
+            "    return checkpoint(forward, *args, use_reentrant=False, **kwargs)"
+        )
+        return
+    snippet.imports.add(
+        "from torch.utils.checkpoint import (\n"
+        "    CheckpointPolicy,\n"
+        "    checkpoint,\n"
+        "    create_selective_checkpoint_contexts,\n"
+        ")"
+    )
+    names = "".join(f"        {_q(name)},\n" for name in _SAVED_OPS)
+    snippet.constants += [
+        "",
+        "# Selective checkpointing saves the outputs of these compute-heavy ops and recomputes",
+        "# only the cheap (memory-bound) ones in backward. Attention kernels vary by build.",
+        "SAVED_OPS = frozenset(\n"
+        "    getattr(torch.ops.aten, name).default\n"
+        f"    for name in (\n{names}    )\n"
+        "    if hasattr(torch.ops.aten, name)\n"
+        ")",
+    ]
+    snippet.functions += [
+        "def _save_heavy_ops(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:\n"
+        "    if op in SAVED_OPS:\n"
+        "        return CheckpointPolicy.MUST_SAVE\n"
+        "    return CheckpointPolicy.PREFER_RECOMPUTE",
+        "def _checkpointed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:\n"
+        "    # Non-reentrant, as PyTorch recommends; context_fn applies the selective policy.\n"
+        "    policy = functools.partial(create_selective_checkpoint_contexts, _save_heavy_ops)\n"
+        "    return checkpoint(forward, *args, use_reentrant=False, context_fn=policy, **kwargs)",
+    ]
+
+
+def _optimize_model(config: TrainConfig) -> str:
+    """`optimize_model`: memory format, then checkpointing, then compile (build()'s order)."""
+    auto_target = config.activation_checkpointing != "off" and config.checkpoint_target == "auto"
+    signature = "def optimize_model(model: nn.Module) -> nn.Module:"
+    doc = ['    """Move `model` to DEVICE and apply the measured model optimizations.', ""]
+    if auto_target:
+        signature = "def optimize_model(model: nn.Module, checkpoint_target: str) -> nn.Module:"
+        doc += [
+            "    checkpoint_target: the module class name (or fnmatch glob over qualified names)",
+            "    to checkpoint. The workbench ran with checkpoint_target='auto', which meant its",
+            "    workload's repeated block: name the repeated block of YOUR model here.",
+            "",
+        ]
+    doc += ["    Call it before make_optimizer: the optimizer must hold the final parameters.", '    """']
+    body: list[str] = []
+    if config.channels_last:
+        body += [
+            "    # NHWC weights let convolutions skip layout transposes. First, because it",
+            "    # rewrites weight storage that optimizer state and compiled code must see.",
+            "    model = model.to(DEVICE, memory_format=torch.channels_last)",
+        ]
+    else:
+        body.append("    model = model.to(DEVICE)")
+    if config.activation_checkpointing != "off":
+        target = "checkpoint_target" if auto_target else "CHECKPOINT_TARGET"
+        body += [
+            "    # Before compile, so torch.compile traces the checkpointed regions.",
+            f"    checkpoint_modules(model, {target})",
+        ]
+    if config.compile != "off":
+        body += _compile_lines(config)
+    elif config.activation_checkpointing != "off":
+        body.append("    return model")
+    else:  # nothing after the move: return it directly
+        body[-1] = body[-1].replace("model = ", "return ", 1)
+    return "\n".join([signature, *doc, *body])
+
+
+def _compile_lines(config: TrainConfig) -> list[str]:
+    """The `return torch.compile(...)` lines; mode only for inductor, only when not default."""
+    args = ["model"]
+    lines = ["    # Compile last: it traces the final forward. Compilation runs on the first call."]
+    if config.compile != "default":
+        if config.compile_backend == "inductor":
+            args.append(f"mode={_q(config.compile)}")
+        else:
+            lines.append(f"    # No mode={_q(config.compile)}: only the inductor backend takes a mode.")
+    if config.compile_fullgraph:
+        args.append("fullgraph=True  # fail on graph breaks instead of running them eagerly")
+    if config.compile_dynamic is not None:
+        args.append(f"dynamic={config.compile_dynamic}")
+    if config.compile_backend != "inductor":
+        args.append(f"backend={_q(config.compile_backend)}")
+    return [*lines, *_call("return torch.compile", args, indent=4)]
+
+
+def _make_optimizer(config: TrainConfig) -> str:
+    """`make_optimizer`: AdamW or SGD(momentum 0.9) with the measured kernel strategy."""
+    why = {
+        "for-loop": "foreach=False: one kernel per parameter, as measured (PyTorch's default on a GPU is foreach).",
+        "foreach": "foreach=True: each update op runs as one batched kernel over all parameters.",
+        "fused": "fused=True: one fused kernel does the whole update for all parameters.",
+    }[config.optimizer_impl]
+    flag = {"for-loop": "foreach=False", "foreach": "foreach=True", "fused": "fused=True"}[config.optimizer_impl]
+    name = "AdamW" if config.optimizer == "adamw" else "SGD with momentum 0.9"
+    args = ["params", f"lr={config.lr!r}"] + (["momentum=0.9"] if config.optimizer == "sgd" else []) + [flag]
+    comments = _comment(why, indent="    # ")
+    if config.cuda_graphs and config.optimizer == "adamw":
+        args.append("capturable=True")
+        comments.append("    # capturable=True keeps the step count on the GPU, so a CUDA graph can replay it.")
+    cls = "torch.optim.AdamW" if config.optimizer == "adamw" else "torch.optim.SGD"
+    return "\n".join(
+        [
+            "def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:",
+            f'    """{name} over the model\'s trainable parameters."""',
+            "    params = [p for p in model.parameters() if p.requires_grad]",
+            *comments,
+            *_call(f"return {cls}", args, indent=4),
+        ]
+    )
+
+
+def _make_loader(config: TrainConfig, device: str) -> str:
+    """`make_loader`: DataLoader with the measured batch size and worker settings."""
+    default = " = BATCH_SIZE" if config.batch_size is not None else ""
+    args = ["dataset", "batch_size=batch_size", "shuffle=True"]
+    if config.compile != "off" or config.cuda_graphs:
+        args.append("drop_last=True  # a short last batch would recompile/break the graph")
+    if config.num_workers > 0:
+        args.append(f"num_workers={config.num_workers}  # load batches in worker processes")
+        if config.prefetch_factor is not None:
+            args.append(f"prefetch_factor={config.prefetch_factor}  # batches each worker loads ahead")
+        if config.persistent_workers:
+            args.append("persistent_workers=True  # keep the workers between epochs")
+    if config.pin_memory and device.startswith("cuda"):
+        args.append("pin_memory=True  # page-locked batches: asynchronous copies to the GPU")
+    args.append("generator=torch.Generator().manual_seed(SEED)")
+    lines = [f"def make_loader(dataset: Dataset, batch_size: int{default}) -> DataLoader:"]
+    lines.append('    """Micro-batches with the measured loader settings, shuffled in SEED\'s order."""')
+    return "\n".join([*lines, *_call("return DataLoader", args, indent=4, explode=True)])
+
+
+def _train_step(config: TrainConfig, device: str) -> str:
+    """`train_step`: one optimizer step over the micro-batches (autocast, scaler, SDPA backend)."""
+    lines = [
+        "def train_step(",
+        "    model: nn.Module,",
+        "    optimizer: torch.optim.Optimizer,",
+        "    batches: Sequence[Batch],",
+        "    loss_fn: LossFn,",
+        ") -> torch.Tensor:",
+        '    """One optimizer step over GRAD_ACCUMULATION micro-batches; returns their mean loss.',
+        "",
+        "    The loss stays on the device: reading it (.item()) makes the host wait for it.",
+        '    """',
+        "    optimizer.zero_grad(set_to_none=True)",
+        "    losses = []",
+        "    for inputs, targets in batches:",
+    ]
+    if config.pin_memory and device.startswith("cuda"):
+        lines += [
+            "        # From pinned memory the copies run asynchronously, overlapping compute.",
+            "        inputs = inputs.to(DEVICE, non_blocking=True)",
+            "        targets = targets.to(DEVICE, non_blocking=True)",
+        ]
+    else:
+        lines.append("        inputs, targets = inputs.to(DEVICE), targets.to(DEVICE)")
+    if config.channels_last:
+        lines += [
+            "        if inputs.dim() == 4:  # images in the weights' NHWC layout",
+            "            inputs = inputs.contiguous(memory_format=torch.channels_last)",
+        ]
+    indent = "        "
+    if config.attention_backend != "auto":
+        lines += [
+            "        # The SDPA backend holds for backward too: its backward kernel must match.",
+            f"        with sdpa_kernel(SDPBackend.{_SDPA_BACKENDS[config.attention_backend]}):",
+        ]
+        indent += "    "
+    forward = f"{indent}loss = loss_fn(model(inputs), targets)"
+    if config.amp != "fp32":
+        autocast = f"torch.autocast(DEVICE.type, dtype={_DTYPES[config.amp]}"
+        if config.cuda_graphs:
+            lines.append(f"{indent}# No cast cache: it would keep tensors made during graph capture.")
+            autocast += ", cache_enabled=False"
+        lines += [f"{indent}with {autocast}):", "    " + forward]
+    else:
+        lines.append(forward)
+    backward = "(loss / len(batches)).backward()"
+    if config.amp == "fp16":
+        backward = "scaler.scale(loss / len(batches)).backward()"
+    lines += [
+        f"{indent}# Dividing by the micro-batch count makes the accumulated gradient the mean",
+        f"{indent}# over all micro-batches, as one big batch would give.",
+        f"{indent}{backward}",
+        "        losses.append(loss.detach())",
+    ]
+    if config.amp == "fp16":
+        lines += ["    scaler.step(optimizer)  # skipped if the gradients overflowed", "    scaler.update()"]
+    else:
+        lines.append("    optimizer.step()")
+    lines.append("    return torch.stack(losses).mean()")
+    return "\n".join(lines)
+
+
+def _graphed_step(config: TrainConfig) -> str:
+    """`make_graphed_step`: PyTorch's whole-network CUDA-graph capture of `train_step`."""
+    warm_up = [
+        "    with torch.cuda.stream(side_stream):",
+        f"        for _ in range({_WARMUP_ITERS}):",
+        "            train_step(model, optimizer, static_batches, loss_fn)",
+    ]
+    if config.optimizer == "adamw":
+        warm_up = [
+            "    with torch.cuda.stream(side_stream), warnings.catch_warnings():",
+            "        # capturable=True optimizers warn when stepped outside a graph; intended here.",
+            '        warnings.filterwarnings("ignore", message=".*capturable=True.*")',
+            *warm_up[1:],
+        ]
+    lines = [
+        "def make_graphed_step(",
+        "    model: nn.Module,",
+        "    optimizer: torch.optim.Optimizer,",
+        "    example_batches: Sequence[Batch],",
+        "    loss_fn: LossFn,",
+        ") -> Callable[[Sequence[Batch]], torch.Tensor]:",
+        '    """Capture train_step once as a CUDA graph; the returned step(batches) replays it.',
+        "",
+        "    PyTorch's whole-network capture: static inputs, warm-up on a side stream, capture",
+        "    of forward, backward and optimizer step, then per step a copy of the new batches",
+        "    into the static inputs and one replay. Later batches need the example batches'",
+        "    shapes, and the step must not synchronize with the host (.item(), print).",
+        '    """',
+        "    static_batches = [",
+        "        (inputs.to(DEVICE, copy=True), targets.to(DEVICE, copy=True))",
+        "        for inputs, targets in example_batches",
+        "    ]",
+        "    # Lazy initialisation (optimizer state, cuBLAS handles, compilation) cannot be",
+        "    # captured: run a few steps first. As in PyTorch's recipe, they really train.",
+        "    side_stream = torch.cuda.Stream(DEVICE)",
+        "    side_stream.wait_stream(torch.cuda.current_stream(DEVICE))",
+        *warm_up,
+        "    torch.cuda.current_stream(DEVICE).wait_stream(side_stream)",
+        "    # train_step begins with zero_grad(set_to_none=True): backward then allocates the",
+        "    # gradients from the graph's private memory pool, where replays find them.",
+        "    graph = torch.cuda.CUDAGraph()",
+        "    with torch.cuda.graph(graph):",
+        "        static_loss = train_step(model, optimizer, static_batches, loss_fn)",
+        "",
+        "    def graphed_step(batches: Sequence[Batch]) -> torch.Tensor:",
+        "        for static, batch in zip(static_batches, batches, strict=True):",
+        "            for static_tensor, tensor in zip(static, batch, strict=True):",
+        "                if tensor.shape != static_tensor.shape:",
+        "                    raise ValueError(",
+        '                        f"CUDA graph replay needs the captured shape "',
+        '                        f"{tuple(static_tensor.shape)}, got {tuple(tensor.shape)}"',
+        "                    )",
+        "                static_tensor.copy_(tensor, non_blocking=True)",
+        "        graph.replay()",
+        "        return static_loss.clone()  # the next replay overwrites static_loss",
+        "",
+        "    return graphed_step",
+    ]
+    return "\n".join(lines)
+
+
+# --- formatting helpers -------------------------------------------------------------
+
+
+def _q(text: str) -> str:
+    """A double-quoted Python string literal (ruff format's quote style)."""
+    return json.dumps(text)
+
+
+def _comment(text: str, indent: str, rest: str | None = None) -> list[str]:
+    """`text` as comment lines of at most LINE_LENGTH characters."""
+    return textwrap.wrap(
+        text, LINE_LENGTH, initial_indent=indent, subsequent_indent=rest or indent, break_on_hyphens=False
+    )
+
+
+def _call(head: str, args: list[str], indent: int, explode: bool = False) -> list[str]:
+    """`head(args)` laid out as ruff format would: one line, one indented line, or one per line.
+
+    An argument may end in a `  # comment`; comments (and `explode`) force one per line.
+    """
+    pad = " " * indent
+    plain = ", ".join(args)
+    commented = any("  # " in arg for arg in args)
+    if not commented and not explode:
+        if len(f"{pad}{head}({plain})") <= LINE_LENGTH:
+            return [f"{pad}{head}({plain})"]
+        if len(f"{pad}    {plain}") <= LINE_LENGTH:
+            return [f"{pad}{head}(", f"{pad}    {plain}", f"{pad})"]
+    lines = [f"{pad}{head}("]
+    for arg in args:
+        code, _, note = arg.partition("  # ")
+        lines.append(f"{pad}    {code},{'  # ' + note if note else ''}")
+    return [*lines, f"{pad})"]
+
+
+def _import_block(imports: set[str]) -> str:
+    """Standard-library imports, a blank line, then torch's; plain `import` before `from`, sorted."""
+
+    def order(line: str) -> tuple[bool, str]:
+        return (line.startswith("from "), line.split()[1])
+
+    stdlib = sorted((line for line in imports if not _is_torch(line)), key=order)
+    torch = sorted((line for line in imports if _is_torch(line)), key=order)
+    return "\n\n".join("\n".join(group) for group in (stdlib, torch) if group)
+
+
+def _is_torch(line: str) -> bool:
+    module = line.split()[1]
+    return module == "torch" or module.startswith("torch.")
