@@ -113,10 +113,11 @@ def test_memory_limit_turns_an_allocation_into_oom() -> None:
 
 def test_a_hang_is_killed_after_timeout() -> None:
     begin = time.monotonic()
-    result = run_trial(workload("hang"), steps=5, warmup=1, timeout_s=3)
+    # The clock restarts at every event, so a slow worker start-up on a busy machine is not a hang.
+    result = run_trial(workload("hang"), steps=5, warmup=1, timeout_s=10)
     assert result.status == "timeout"
-    assert "no progress for 3 s" in result.message
-    assert time.monotonic() - begin < 30
+    assert "no progress for 10 s" in result.message
+    assert time.monotonic() - begin < 60
     assert result.warmup_step_ms and len(result.step_ms) == 1  # what was measured before the hang is kept
     assert _no_live_children()
 
