@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.config import ConfigError, TrainConfig, field_doc, field_names
+from workbench.optimizations.checkpointing import SAVED_OP_NAMES
 
 FORMATS = ("snippet", "json", "command")
 
@@ -30,18 +31,6 @@ _SDPA_BACKENDS = {
     "flash": "FLASH_ATTENTION",
     "cudnn": "CUDNN_ATTENTION",
 }
-# Mirrors `workbench.optimizations.checkpointing._compute_heavy_ops` (a test keeps them equal).
-_SAVED_OPS = (
-    "mm",
-    "addmm",
-    "bmm",
-    "baddbmm",
-    "convolution",
-    "_scaled_dot_product_flash_attention",
-    "_scaled_dot_product_flash_attention_for_cpu",
-    "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention",
-)
 _DEVICE = re.compile(r"[a-z]+(:[0-9]+)?")
 _WARMUP_ITERS = 3  # as `workbench.optimizations.cuda_graphs.WARMUP_ITERS` and PyTorch's recipe
 
@@ -76,19 +65,30 @@ def to_command(
 ) -> str:
     """The `workbench run` command that measures `config` (one `--set` per non-default field).
 
-    With `nproc_per_node`, the `torchrun` form that starts one worker per process. Fields are
-    emitted in declaration order: the CLI applies each `--set` in turn and validates after
-    each, and every field that depends on another (compile_fullgraph on compile,
-    checkpoint_target on activation_checkpointing, prefetch_factor on num_workers) is declared
-    after it.
+    With `nproc_per_node`, the `torchrun` form that starts one worker per process. A config
+    with strategy ddp/fsdp2 gives the command every node runs: `torchrun` with the config's
+    rendezvous arguments (`--standalone` on one node) around `-m workbench.distributed`, the
+    rank entry point. Fields are emitted in declaration order: the CLI applies each `--set`
+    in turn and validates after each, and every field that depends on another
+    (compile_fullgraph on compile, checkpoint_target on activation_checkpointing,
+    prefetch_factor on num_workers, nnodes on rdzv_endpoint) is declared after it.
     """
-    if nproc_per_node is None:
-        head = ["workbench"]
+    if config.strategy != "none":
+        from workbench.distributed.command import RANK_MODULE, torchrun_args
+
+        if nproc_per_node is not None and nproc_per_node != config.nproc_per_node:
+            raise ConfigError(
+                f"nproc_per_node={nproc_per_node} disagrees with the config's {config.nproc_per_node}; "
+                "set it in the config (nproc_per_node=...) for a distributed strategy"
+            )
+        head = ["torchrun", *torchrun_args(config), "-m", RANK_MODULE]
+    elif nproc_per_node is None:
+        head = ["workbench", "run"]
     elif isinstance(nproc_per_node, bool) or not isinstance(nproc_per_node, int) or nproc_per_node < 1:
         raise ConfigError(f"nproc_per_node must be a positive integer, got {nproc_per_node!r}")
     else:
-        head = ["torchrun", f"--nproc_per_node={nproc_per_node}", "-m", "workbench.cli"]
-    argv = [*head, "run", "--workload", workload, "--preset", preset]
+        head = ["torchrun", f"--nproc_per_node={nproc_per_node}", "-m", "workbench.cli", "run"]
+    argv = [*head, "--workload", workload, "--preset", preset]
     argv += ["--steps", str(steps), "--warmup", str(warmup)]
     rebuilt = TrainConfig()
     for item in _override_items(config):
@@ -364,7 +364,7 @@ def _add_checkpointing(snippet: _Snippet, policy: str) -> None:
         "    create_selective_checkpoint_contexts,\n"
         ")"
     )
-    names = "".join(f"        {_q(name)},\n" for name in _SAVED_OPS)
+    names = "".join(f"        {_q(name)},\n" for name in SAVED_OP_NAMES)
     snippet.constants += [
         "",
         "# Selective checkpointing saves the outputs of these compute-heavy ops and recomputes",

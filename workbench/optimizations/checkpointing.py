@@ -34,22 +34,25 @@ _MARK = "_workbench_checkpoint"
 """Attribute set on a wrapped module (value: the policy), so wrapping is never applied twice."""
 
 
+#: aten ops whose outputs `selective` saves: recomputing them would cost about as much as forward.
+#: The exported snippet writes out the same list (workbench/export.py).
+SAVED_OP_NAMES = (
+    "mm",
+    "addmm",
+    "bmm",
+    "baddbmm",
+    "convolution",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+)
+
+
 def _compute_heavy_ops() -> frozenset[Any]:
-    """Ops whose outputs `selective` saves: recomputing them would cost about as much as forward."""
     aten = torch.ops.aten
-    names = (
-        "mm",
-        "addmm",
-        "bmm",
-        "baddbmm",
-        "convolution",
-        "_scaled_dot_product_flash_attention",
-        "_scaled_dot_product_flash_attention_for_cpu",
-        "_scaled_dot_product_efficient_attention",
-        "_scaled_dot_product_cudnn_attention",
-    )
     # Attention kernels differ by PyTorch version and build; save whichever this build has.
-    return frozenset(getattr(aten, name).default for name in names if hasattr(aten, name))
+    return frozenset(getattr(aten, name).default for name in SAVED_OP_NAMES if hasattr(aten, name))
 
 
 SAVED_OPS = _compute_heavy_ops()
