@@ -1,0 +1,197 @@
+"""The SQLite file under the run history: where it lives, how it is opened, checked and migrated.
+
+SQLite because the history must work with no server (a laptop, a CI runner, a notebook)
+and survive crashes. WAL mode lets a reader (the notebook's History view) and writers
+(a CI job, a second kernel) work at once; every write is one `BEGIN IMMEDIATE`
+transaction, so a process killed mid-write leaves the file as it was before. The file
+is never reset: an unreadable file, a foreign database or a newer schema is a
+`StoreError` naming the file and the fix, raised before anything is written.
+WAL needs a local filesystem (not NFS): keep the store on local disk.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from workbench.store import schema
+
+ENV_VAR = "WORKBENCH_STORE"
+#: Values of WORKBENCH_STORE that turn default saving off.
+DISABLED_VALUES = ("off", "none", "false", "0")
+#: How long a writer waits for another writer's transaction (a trial's rows take milliseconds).
+BUSY_TIMEOUT_S = 30.0
+
+
+class StoreError(Exception):
+    """The run history cannot be used; the message names the file and what to do."""
+
+
+def default_store_path() -> Path | None:
+    """$WORKBENCH_STORE, else `<user data dir>/workbench/history.sqlite`; None when WORKBENCH_STORE=off."""
+    value = os.environ.get(ENV_VAR, "").strip()
+    if value.lower() in DISABLED_VALUES:
+        return None
+    if value:
+        return Path(value).expanduser()
+    return user_data_dir() / "workbench" / "history.sqlite"
+
+
+def user_data_dir() -> Path:
+    """The platform's per-user data folder (XDG on Linux), without a dependency for it."""
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Application Support"
+    if os.name == "nt":
+        return Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+
+
+def connect(path: Path, *, create: bool = True) -> sqlite3.Connection:
+    """Open `path`, refuse anything that is not a workbench store we can read, migrate an older one."""
+    if not path.exists():
+        if not create:
+            raise StoreError(f"no run history at {path} yet (runs are saved there by `workbench run/compare/regress`)")
+        path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        # isolation_level=None: we issue BEGIN/COMMIT ourselves (Python's implicit transactions
+        # would start deferred ones, which can fail to upgrade to a write lock under contention).
+        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise explain(exc, path) from None
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        _check_and_migrate(conn, path)
+        # Only now, on a file we accept: switching to WAL writes the file header.
+        conn.execute("PRAGMA journal_mode = WAL")
+        # In WAL mode NORMAL keeps every commit atomic and survives a killed process;
+        # only a power cut may lose the last commits (never corrupt the file).
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA foreign_keys = ON")
+    except StoreError:
+        conn.close()
+        raise
+    except sqlite3.Error as exc:
+        conn.close()
+        raise explain(exc, path) from None
+    return conn
+
+
+@contextmanager
+def write_transaction(conn: sqlite3.Connection, path: Path) -> Iterator[sqlite3.Connection]:
+    """One atomic write: all statements inside land together or not at all (also on KeyboardInterrupt).
+
+    BEGIN IMMEDIATE takes the write lock up front, so two writers queue (busy timeout)
+    instead of one failing when it upgrades a read lock; a lock still held after the
+    timeout is retried once more before giving up with a clear error.
+    """
+    _begin_immediate(conn, path)
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException as exc:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        if isinstance(exc, sqlite3.Error):
+            raise explain(exc, path) from None
+        raise
+
+
+def explain(exc: sqlite3.Error, path: Path) -> StoreError:
+    """An SQLite error as a sentence about the file and the fix."""
+    text = str(exc)
+    lowered = text.lower()
+    if "not a database" in lowered or "malformed" in lowered or "disk image" in lowered:
+        return StoreError(
+            f"{path} is not a readable workbench run history (SQLite: {text}). It was left unchanged: move it "
+            f"aside (a new history is then started there) or set {ENV_VAR} / --store to another file"
+        )
+    if "locked" in lowered or "busy" in lowered:
+        return StoreError(
+            f"{path} stayed locked by another process for {BUSY_TIMEOUT_S:.0f} s (SQLite: {text}); "
+            "retry, or look for a stuck process holding it"
+        )
+    if "readonly" in lowered or "unable to open" in lowered or "permission" in lowered:
+        return StoreError(
+            f"cannot write the run history {path} (SQLite: {text}); check its permissions or set {ENV_VAR}"
+        )
+    return StoreError(f"run history {path}: {text}")
+
+
+# --- internals ----------------------------------------------------------------------
+
+
+def _begin_immediate(conn: sqlite3.Connection, path: Path) -> None:
+    for attempt in range(2):
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            return
+        except sqlite3.OperationalError as exc:
+            if attempt == 0 and ("locked" in str(exc) or "busy" in str(exc)):
+                time.sleep(0.05)
+                continue
+            raise explain(exc, path) from None
+
+
+def _check_and_migrate(conn: sqlite3.Connection, path: Path) -> None:
+    current = schema.schema_version()
+    found = _version(conn, path)  # raises on a corrupt, foreign or newer file
+    if found == current:
+        return
+    if found > 0:
+        _keep_copy(conn, path, found)
+    with write_transaction(conn, path):
+        found = _version(conn, path)  # another process may have migrated while we waited for the lock
+        for version in range(found, current):
+            for statement in schema.MIGRATIONS[version]:
+                conn.execute(statement)
+        conn.execute(f"PRAGMA application_id = {schema.APPLICATION_ID}")
+        conn.execute(f"PRAGMA user_version = {current}")
+
+
+def _version(conn: sqlite3.Connection, path: Path) -> int:
+    """The store's schema version (0 for a new, empty file); StoreError for files we must not touch."""
+    # One statement, one snapshot: read apart, a store another process is creating right now
+    # could look like a foreign database (no id yet, but tables already).
+    app_id, version, tables = conn.execute(
+        "SELECT (SELECT application_id FROM pragma_application_id), (SELECT user_version FROM pragma_user_version), "
+        "(SELECT count(*) FROM sqlite_master)"
+    ).fetchone()
+    if app_id == 0 and version == 0:
+        if tables:
+            raise StoreError(
+                f"{path} is an SQLite database but not a workbench run history ({tables} foreign schema "
+                f"objects). It was left unchanged; set {ENV_VAR} / --store to another file"
+            )
+        return 0
+    if app_id != schema.APPLICATION_ID:
+        raise StoreError(
+            f"{path} is an SQLite database of another application (application_id {app_id:#x}). "
+            f"It was left unchanged; set {ENV_VAR} / --store to another file"
+        )
+    if version > schema.schema_version():
+        raise StoreError(
+            f"{path} was written by a newer workbench (store schema {version}; this version reads up to "
+            f"{schema.schema_version()}). It was left unchanged: upgrade training-workbench, or set {ENV_VAR} / "
+            "--store to another file"
+        )
+    return int(version)
+
+
+def _keep_copy(conn: sqlite3.Connection, path: Path, version: int) -> None:
+    """Before migrating a store with data, keep a consistent copy beside it (SQLite's backup API)."""
+    backup = path.with_name(f"{path.name}.schema-v{version}.bak")
+    if backup.exists():
+        return
+    partial = backup.with_name(backup.name + ".partial")
+    target = sqlite3.connect(partial)
+    try:
+        conn.backup(target)
+    finally:
+        target.close()
+    shutil.move(str(partial), backup)

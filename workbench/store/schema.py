@@ -1,0 +1,96 @@
+"""The run-history schema and its migrations, one list in version order.
+
+A migration is a list of SQL statements run in one transaction with the version bump
+(SQLite DDL is transactional), so a store is always at exactly one version. Add a
+migration by appending to `MIGRATIONS`; never edit a released one.
+
+Layout: `runs` groups the trials of one invocation (a `workbench compare`, a regression
+check, a notebook comparison); `trials` holds one finished trial per row, its scalars as
+columns, its lists and maps as JSON columns; `capability_sets` keeps the capability
+report once per distinct report (it is the same for every trial on a machine, and a few
+KB each, which 10,000 copies would turn into most of the file).
+"""
+
+from __future__ import annotations
+
+#: 'WBNC' in the SQLite header (`PRAGMA application_id`): marks a file as a workbench run history.
+APPLICATION_ID = 0x57424E43
+
+_V1 = [
+    """
+    CREATE TABLE runs (
+        id INTEGER PRIMARY KEY,
+        kind TEXT NOT NULL,            -- run / compare / regress / import
+        label TEXT NOT NULL DEFAULT '',
+        created_at REAL NOT NULL
+    )
+    """,
+    """
+    CREATE TABLE capability_sets (
+        key TEXT PRIMARY KEY,
+        json TEXT NOT NULL
+    )
+    """,
+    """
+    CREATE TABLE trials (
+        id INTEGER PRIMARY KEY,
+        run_id INTEGER NOT NULL REFERENCES runs(id),
+        label TEXT NOT NULL DEFAULT '',
+        saved_at REAL NOT NULL,
+        trial_id TEXT NOT NULL UNIQUE,
+        status TEXT NOT NULL,
+        message TEXT NOT NULL DEFAULT '',
+        workload TEXT NOT NULL,        -- the Workload's name ('tiny-net')
+        preset TEXT,
+        workload_spec TEXT NOT NULL,   -- what was asked for: a built-in name or 'package.module:attr'
+        spec_preset TEXT,              -- the preset asked for (a user's workload may report none)
+        config_key TEXT NOT NULL,      -- hash of the configuration's identity (records.config_key)
+        env_key TEXT NOT NULL,         -- hash of the comparable environment (records.env_key)
+        git_commit TEXT,               -- without '+dirty'; see git_dirty
+        git_dirty INTEGER NOT NULL DEFAULT 0,
+        host TEXT,
+        device_name TEXT,
+        warmup INTEGER NOT NULL,
+        steps INTEGER NOT NULL,
+        batch_size INTEGER,
+        samples_per_step INTEGER,
+        median_step_ms REAL,           -- summary of step_ms, written with it (rows are never updated)
+        iqr_step_ms REAL,
+        peak_memory_bytes INTEGER,
+        memory_method TEXT,
+        time_to_first_step_s REAL,
+        compile_time_s REAL,
+        started_at REAL NOT NULL,
+        wall_time_s REAL,
+        diverged_step INTEGER,
+        trace_path TEXT,               -- profiler trace of this trial, when one was recorded
+        capabilities_key TEXT REFERENCES capability_sets(key),
+        config TEXT NOT NULL,
+        environment TEXT NOT NULL,
+        device TEXT NOT NULL,
+        applied TEXT NOT NULL,
+        step_ms TEXT NOT NULL,
+        warmup_step_ms TEXT NOT NULL,
+        phase_ms TEXT NOT NULL,
+        losses TEXT NOT NULL,
+        memory_breakdown TEXT,
+        other TEXT NOT NULL DEFAULT '{}' -- TrialResult fields without a column (and ones added later)
+    )
+    """,
+    # History pages: newest first, optionally for one workload.
+    "CREATE INDEX trials_by_workload ON trials(workload, id)",
+    "CREATE INDEX trials_by_workload_spec ON trials(workload_spec, id)",
+    # Baselines and series: one configuration on one kind of machine, newest run first.
+    "CREATE INDEX trials_by_config ON trials(config_key, env_key, run_id)",
+    "CREATE INDEX trials_by_commit ON trials(git_commit)",
+    "CREATE INDEX trials_by_time ON trials(started_at)",
+    "CREATE INDEX trials_by_run ON trials(run_id)",
+]
+
+#: MIGRATIONS[i] takes a store from version i to version i + 1.
+MIGRATIONS: list[list[str]] = [_V1]
+
+
+def schema_version() -> int:
+    """The version this code writes and reads: the number of migrations."""
+    return len(MIGRATIONS)
