@@ -1,0 +1,180 @@
+"""`python -m workbench.distributed`: what every rank runs under torchrun.
+
+Two ways in. The launcher (`run_trial` with strategy ddp/fsdp2) passes `--spec` (workload,
+config, window) and `--events` (the directory each rank reports into). On a cluster, the
+command `export.to_command` prints runs the same code on every node with `--workload`/`--set`
+arguments; rank 0 then prints the summary and writes `--out` JSON. Every rank reports its own
+failure before exiting, so the parent can name the rank that broke the trial.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import pickle
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+from workbench.config import ConfigError, TrainConfig
+from workbench.distributed.channel import RankWriter
+from workbench.workloads.base import Workload, WorkloadError
+from workbench.workloads.registry import PRESETS
+
+EXIT_INPUT_ERROR = 2
+PG_TIMEOUT_S = 600.0
+"""Collective timeout when no trial timeout is given: a rank left alone in a collective fails
+after this long instead of waiting forever (torchrun then ends the others)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m workbench.distributed", description=__doc__)
+    parser.add_argument("--spec", help="launcher spec file (pickled workload, config and window)")
+    parser.add_argument("--events", help="directory the ranks report into (launcher only)")
+    parser.add_argument("--workload", default="bev-perception", help="built-in name or package.module:function")
+    parser.add_argument("--preset", default="tiny", choices=PRESETS)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when present")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V[,K=V]")
+    parser.add_argument("--out", help="rank 0 writes the TrialResult JSON here")
+    parser.add_argument("--timeout", type=float, default=None, help="collective timeout in seconds")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    rank = int(os.environ.get("RANK", "-1"))
+    if rank < 0:
+        print("python -m workbench.distributed runs under torchrun (see workbench export --format command)")
+        return EXIT_INPUT_ERROR
+    writer = RankWriter(args.events, rank) if args.events else None
+    send = writer.send if writer is not None else (lambda message: None)
+    send(("progress", -1, "starting", time.time()))  # alive: the parent's start-up allowance ends
+    try:
+        return _run(args, rank, send, standalone=writer is None)
+    except (ConfigError, WorkloadError) as exc:
+        send(("input_error", type(exc).__name__, str(exc), time.time()))
+        if rank == 0 or writer is None:
+            print(f"workbench distributed: error: {exc}", file=sys.stderr)
+        return EXIT_INPUT_ERROR
+    except BaseException as exc:
+        send(("error", _kind(exc), f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}", time.time()))
+        raise  # torchrun sees the failure and ends the other ranks
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+def _run(args: argparse.Namespace, rank: int, send: Any, standalone: bool) -> int:
+    import torch
+    import torch.distributed as dist
+
+    from workbench.distributed.rank_trial import RankContext, run_rank_trial
+
+    workload, config, options = _load(args)
+    device_type = options.pop("device_type") or ("cuda" if torch.cuda.is_available() else "cpu")
+    if options.get("memory_limit_bytes"):
+        import resource
+
+        limit = int(options["memory_limit_bytes"])
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    ctx = RankContext.from_env(device_type)
+    expected = config.nproc_per_node * config.nnodes
+    if expected != ctx.world_size:
+        raise ConfigError(
+            f"the config asks for nproc_per_node x nnodes = {expected} ranks, but torchrun started {ctx.world_size}; "
+            "pass the same --nproc_per_node/--nnodes to torchrun as in the config"
+        )
+    if ctx.device.type == "cuda":
+        torch.cuda.set_device(ctx.device)
+    timeout = datetime.timedelta(seconds=options.get("pg_timeout_s") or PG_TIMEOUT_S)
+    if ctx.device.type == "cuda":  # bind the NCCL communicator to this rank's GPU up front
+        dist.init_process_group(ctx.backend, timeout=timeout, device_id=ctx.device)
+    else:
+        dist.init_process_group(ctx.backend, timeout=timeout)
+    send(("progress", -1, "setup", time.time()))
+    progress = (lambda step, phase: send(("progress", step, phase, time.time()))) if not standalone else _no_progress
+    result = run_rank_trial(
+        workload, config, ctx, warmup=options["warmup"], steps=options["steps"], preset=options["preset"],
+        emit=_event_sink(rank, send, standalone), progress=progress,
+    )  # fmt: skip
+    # Only after success: tearing down beside a failed peer can block (NCCL), and torchrun
+    # ends a failed world anyway.
+    dist.destroy_process_group()
+    if standalone and rank == 0:
+        _report(result, args.out)
+    return 0 if result.ok or not standalone else 1
+
+
+def _load(args: argparse.Namespace) -> tuple[Workload | str, TrainConfig, dict[str, Any]]:
+    """Workload, config and window options from the launcher's spec file or the command line."""
+    if args.spec:
+        import cloudpickle
+
+        with open(args.spec, "rb") as fh:
+            spec = pickle.load(fh)
+        workload_spec = cloudpickle.loads(spec["workload"])
+        return _workload_from(workload_spec), TrainConfig.from_dict(spec["config"]), dict(spec["options"])
+    config = TrainConfig()
+    for text in args.overrides:
+        config = config.with_overrides(text)
+    options = {"warmup": args.warmup, "steps": args.steps, "preset": args.preset, "device_type": args.device}
+    options["pg_timeout_s"] = args.timeout
+    return args.workload, config, options
+
+
+def _workload_from(spec: dict[str, Any]) -> Workload | str:
+    """Inverse of `launch.workload_spec`: a name, a rebuildable source, or the object itself."""
+    from workbench.workloads import load_workload
+
+    if spec["kind"] == "name":
+        return str(spec["name"])
+    if spec["kind"] == "source":
+        source = spec["source"]
+        return load_workload(source["name"], preset=source.get("preset") or "tiny", **source.get("options", {}))
+    workload = spec["workload"]
+    assert isinstance(workload, Workload)
+    return workload
+
+
+def _event_sink(rank: int, send: Any, standalone: bool) -> Any:
+    """Rank 0's events go to the parent (launcher) or to a progress line (torchrun by hand)."""
+    if rank != 0:
+        return lambda event: None
+    if not standalone:
+        return lambda event: send(("event", event))
+    from workbench.progress import ProgressLine
+
+    return ProgressLine()
+
+
+def _no_progress(step: int, phase: str) -> None:
+    """Without a parent there is nobody to tell where this rank is."""
+
+
+def _report(result: Any, out: str | None) -> None:
+    from workbench.distributed.stats import rank_rows
+    from workbench.report import run_summary
+
+    print(run_summary(result))
+    for row in rank_rows(result):
+        compute = row.get("compute_ms")
+        comm = f", compute {compute:.1f} ms, comm {row['comm_ms']:.1f} ms" if compute is not None else ""
+        median = row.get("median_step_ms")
+        print(f"rank {row['rank']:>3} on {row['host']}: median step {median or 0:.1f} ms{comm}")
+    if out:
+        with open(out, "w") as fh:
+            fh.write(result.to_json(indent=2))
+
+
+def _kind(exc: BaseException) -> str:
+    """The trial status a rank's exception maps to: out of memory, or a plain error."""
+    import torch
+
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(exc):
+        return "oom"
+    return "error"

@@ -1,0 +1,302 @@
+"""Parent side of a distributed trial: launch torchrun, relay rank 0's events, end it cleanly.
+
+`run_trial` sends a config with strategy ddp/fsdp2 here. torchrun (`python -m
+torch.distributed.run`, PyTorch's own launcher) starts the ranks in a new session, so one
+signal ends torchrun, every rank and their loader workers. The ranks report through
+per-rank files (`channel.py`): rank 0's events become this caller's `on_event` stream and its
+final `TrialResult`; every rank reports its position each phase and its own failure, so a
+rank that raises ends the trial with *that* rank's error, and a silent world (a hang) is
+killed after `timeout_s` with the rank that fell behind named. Multi-node runs are not
+launched from here: each node runs the command `export.to_command` prints.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from workbench.config import ConfigError, TrainConfig
+from workbench.distributed.channel import RankReader
+from workbench.distributed.command import RANK_MODULE, torchrun_args
+from workbench.measure.events import EventSink, StepMeasured, TrialFinished, TrialStarted
+from workbench.measure.result import TrialResult
+from workbench.workloads.base import Workload, WorkloadError
+
+DEFAULT_TIMEOUT_S = 300.0
+"""Silence (no rank reports anything) that ends a distributed trial when the caller sets none:
+distributed trials always have a timeout, because a hung rank blocks all the others."""
+STARTUP_GRACE_S = 60.0
+"""Added to the timeout until the first rank reports: torchrun start-up and `import torch` take
+6-30 s on a busy machine, and must not count as a hang."""
+POLL_S = 0.05
+KILL_GRACE_S = 3.0
+LOG_TAIL_CHARS = 3000
+_INPUT_ERRORS: dict[str, type[Exception]] = {"ConfigError": ConfigError, "WorkloadError": WorkloadError}
+_WHERE = {
+    "starting": "starting up (imports, process group)",
+    "setup": "building the model and its data",
+    "data": "loading data or in forward",
+    "forward": "in backward",
+    "backward": "in the optimizer step",
+    "optimizer": "between steps",
+    "profile": "in the profiled window",
+}
+
+
+def run_distributed_trial(
+    workload: Workload | str,
+    config: TrainConfig,
+    *,
+    warmup: int,
+    steps: int,
+    device: Any = None,
+    preset: str = "tiny",
+    on_event: EventSink | None = None,
+    cancel: threading.Event | None = None,
+    timeout_s: float | None = None,
+    memory_limit_bytes: int | None = None,
+) -> TrialResult:
+    """Run `config` (strategy ddp/fsdp2) as `config.nproc_per_node` ranks on this node."""
+    from workbench.device import check_config, resolve_device
+
+    if config.nnodes > 1:
+        raise ConfigError(
+            f"nnodes={config.nnodes}: a multi-node trial is started on every node by torchrun, not from here; "
+            "run the command `workbench export --format command` prints on each node"
+        )
+    if timeout_s is not None and not timeout_s > 0:
+        raise ConfigError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    timeout = float(timeout_s) if timeout_s is not None else DEFAULT_TIMEOUT_S
+    dev = resolve_device(device)
+    check_config(config, dev)  # refuse bad input before paying for torchrun
+    _check_batch(workload, preset, config)
+    directory = Path(tempfile.mkdtemp(prefix="workbench-dist-"))
+    options = {"warmup": warmup, "steps": steps, "preset": preset, "device_type": dev.type}
+    options.update(memory_limit_bytes=memory_limit_bytes, pg_timeout_s=timeout + 60.0)  # the parent's timeout first
+    spec = {"workload": workload_spec(workload), "config": config.to_dict(), "options": options}
+    (directory / "spec.pkl").write_bytes(pickle.dumps(spec))
+    command = rank_command(config, directory)
+    log = open(directory / "torchrun.log", "wb")  # noqa: SIM115 - closed in finally, after the process
+    process = subprocess.Popen(
+        command, env=rank_environment(config, dev.type), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        follower = _Follower(process, directory, config, _name(workload), on_event, timeout)
+        result = follower.follow(cancel)
+        if follower.finished is not None:
+            _wait_quietly(process, KILL_GRACE_S * 3)  # the ranks tear down their group and exit
+        if result.distributed is not None:
+            result.distributed["command"] = shlex.join(command)
+            result.distributed["launch_s"] = follower.launch_s
+        return result
+    finally:
+        _stop(process)
+        log.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def rank_command(config: TrainConfig, directory: Path) -> list[str]:
+    """`python -m torch.distributed.run ... -m workbench.distributed --spec ... --events ...`."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", *torchrun_args(config)]
+    return [*launcher, "-m", RANK_MODULE, "--spec", str(directory / "spec.pkl"), "--events", str(directory)]
+
+
+def rank_environment(config: TrainConfig, device_type: str) -> dict[str, str]:
+    """The caller's environment, plus its import path (a notebook's modules must import in the
+    ranks, as with spawn) and, on CPU, the cores shared out between the ranks."""
+    env = dict(os.environ)
+    package_root = str(Path(__file__).resolve().parents[2])
+    paths = [package_root, *(p or os.getcwd() for p in sys.path), *env.get("PYTHONPATH", "").split(os.pathsep)]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p and os.path.isdir(p)))
+    if device_type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        env["OMP_NUM_THREADS"] = str(max(1, cores // config.nproc_per_node))
+    return env
+
+
+def workload_spec(workload: Workload | str) -> bytes:
+    """How the ranks get the workload: by name, by its rebuildable source, or pickled by value."""
+    import cloudpickle
+
+    if isinstance(workload, str):
+        spec: dict[str, Any] = {"kind": "name", "name": workload}
+    elif isinstance(workload, Workload) and workload.source:
+        spec = {"kind": "source", "source": workload.source}
+    elif isinstance(workload, Workload):
+        spec = {"kind": "object", "workload": workload}
+    else:
+        raise WorkloadError(f"a workload is a Workload, a built-in name or 'package.module:attr', got {workload!r}")
+    try:
+        return bytes(cloudpickle.dumps(spec))
+    except Exception as exc:
+        raise WorkloadError(
+            f"workload '{_name(workload)}' cannot be sent to the ranks ({type(exc).__name__}: {exc}); "
+            "define it at module level and pass 'package.module:function'"
+        ) from None
+
+
+def _check_batch(workload: Workload | str, preset: str, config: TrainConfig) -> None:
+    """The global batch must split evenly over the ranks: refuse here, before any process starts."""
+    from workbench.distributed.sharding import local_batch_size
+    from workbench.workloads import load_workload
+
+    wl = load_workload(workload, preset=preset, **config.extra) if isinstance(workload, str) else workload
+    local_batch_size(wl.effective_batch_size(config), config.nproc_per_node * config.nnodes)
+
+
+def _name(workload: Workload | str) -> str:
+    return workload if isinstance(workload, str) else workload.name
+
+
+class _Follower:
+    """Reads the ranks' reports until the trial finishes, fails, falls silent or is cancelled."""
+
+    def __init__(
+        self,
+        process: subprocess.Popen[bytes],
+        directory: Path,
+        config: TrainConfig,
+        name: str,
+        on_event: EventSink | None,
+        timeout: float,
+    ) -> None:
+        self.process, self.directory, self.timeout = process, directory, timeout
+        self.readers = [RankReader(directory, rank) for rank in range(config.nproc_per_node)]
+        self.emit = on_event or (lambda event: None)
+        self.partial = TrialResult(trial_id="", status="ok", workload=name, config=config.to_dict())
+        self.positions: dict[int, tuple[int, str]] = {}
+        self.errors: list[tuple[float, int, str, str]] = []
+        self.finished: TrialResult | None = None
+        self.started = time.monotonic()
+        self.launch_s: float | None = None
+
+    def follow(self, cancel: threading.Event | None) -> TrialResult:
+        last_news = time.monotonic()
+        while True:
+            if cancel is not None and cancel.is_set():
+                return self._end("cancelled", "cancelled by the caller; torchrun and its ranks were stopped")
+            exited = self.process.poll() is not None  # read *after* this, so nothing written is missed
+            if self._read():
+                last_news = time.monotonic()
+            if self.finished is not None:
+                return self.finished
+            if self.errors:
+                _, rank, kind, text = min(self.errors)  # the first failure; later ones are its echoes
+                return self._end(kind, f"rank {rank} failed: {text}")
+            if exited:
+                return self._end("error", self._exit_message())
+            allowed = self.timeout + (0.0 if self.positions else STARTUP_GRACE_S)
+            if time.monotonic() - last_news > allowed:
+                return self._end("timeout", self._silence_message())
+            time.sleep(POLL_S)
+
+    def _read(self) -> bool:
+        news = False
+        for rank, reader in enumerate(self.readers):
+            for message in reader.read():
+                news = True
+                self._handle(rank, message)
+        return news
+
+    def _handle(self, rank: int, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "event":
+            event = message[1]
+            self._observe(event)
+            self.emit(event)
+            if isinstance(event, TrialFinished):
+                self.finished = event.result
+        elif kind == "progress":
+            self.positions[rank] = (int(message[1]), str(message[2]))
+        elif kind == "input_error":
+            raise _INPUT_ERRORS.get(message[1], ConfigError)(message[2])
+        elif kind == "error":
+            self.errors.append((float(message[3]), rank, str(message[1]), str(message[2])))
+
+    def _observe(self, event: Any) -> None:
+        r = self.partial
+        if isinstance(event, TrialStarted):
+            r.trial_id, r.warmup, r.steps = event.trial_id, event.warmup, event.steps
+            self.launch_s = time.monotonic() - self.started
+        elif isinstance(event, StepMeasured):
+            (r.step_ms if event.timed else r.warmup_step_ms).append(event.step_ms)
+            if event.loss is not None:
+                r.losses.append(event.loss)
+
+    def _end(self, status: str, message: str) -> TrialResult:
+        r = self.partial
+        r.status, r.message = status, message  # type: ignore[assignment]
+        r.trial_id = r.trial_id or uuid.uuid4().hex[:12]
+        r.wall_time_s = time.monotonic() - self.started
+        self.emit(TrialFinished(r.trial_id, r))
+        return r
+
+    def _silence_message(self) -> str:
+        if not self.positions:
+            return (
+                f"no rank reported within {self.timeout + STARTUP_GRACE_S:g} s of launch; "
+                f"torchrun was stopped. Its log ends:\n{self._log_tail()}"
+            )
+        where = "; ".join(
+            f"rank {rank} {f'at step {step}, ' if step >= 0 else ''}{_WHERE.get(phase, phase)}"
+            for rank, (step, phase) in sorted(self.positions.items())
+        )
+        behind = min(self.positions, key=lambda rank: (self.positions[rank][0], _phase_order(self.positions[rank][1])))
+        missing = [rank for rank in range(len(self.readers)) if rank not in self.positions]
+        suspect = f"rank {missing[0]} never reported" if missing else f"rank {behind} is furthest behind"
+        return (
+            f"no progress from any rank for {self.timeout:g} s; torchrun and its ranks were stopped. "
+            f"{suspect}: the others wait for it in a collective. Last positions: {where}"
+        )
+
+    def _exit_message(self) -> str:
+        return f"torchrun exited with code {self.process.returncode} before the trial finished; its log ends:\n{self._log_tail()}"
+
+    def _log_tail(self) -> str:
+        try:
+            text = (self.directory / "torchrun.log").read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return text[-LOG_TAIL_CHARS:].strip() or "(empty log)"
+
+
+def _phase_order(phase: str) -> int:
+    order = list(_WHERE)
+    return order.index(phase) if phase in order else len(order)
+
+
+def _wait_quietly(process: subprocess.Popen[bytes], seconds: float) -> None:
+    try:
+        process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        pass  # _stop ends it
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """End torchrun's whole session (ranks, loader workers): SIGTERM, a grace period, SIGKILL."""
+    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, KILL_GRACE_S)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            process.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        if sig == signal.SIGTERM:
+            try:  # torchrun is gone; anything left in its group (a stuck rank) goes too
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            break

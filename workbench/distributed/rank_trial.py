@@ -1,0 +1,278 @@
+"""The rank side of a distributed trial: every rank trains its shard; rank 0 reports for all.
+
+The window follows the single-process rules (`measure/timing.py`): synchronized warm-up steps
+timed by the host, then a timed window clocked per device without a host sync per step.
+What is added: the loss is averaged over ranks after each step's clock stops (so the result
+is the global batch's loss, and the collective never enters a step time); every rank's step
+times are gathered at the end, so a straggler shows; then a short profiled window measures
+compute vs communication, and a small all-reduce benchmark the bandwidth actually reached.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from workbench.config import TrainConfig
+from workbench.distributed.overlap import comm_profile, intervals_from_events
+from workbench.distributed.sharding import shard_workload
+from workbench.distributed.stats import summarize_ranks
+from workbench.measure.events import EventSink, StepMeasured, TrialFinished, TrialStarted
+from workbench.measure.memory import read_cuda_peak, reset_cuda_peak
+from workbench.measure.result import TrialResult
+from workbench.measure.timing import make_clock, synchronize
+from workbench.optimizations.build import TrainStep, build
+from workbench.workloads import Workload, load_workload
+
+PROFILE_STEPS = 3
+"""Steps in the profiled window: enough to average, short enough that the profiler's ~10% CPU
+overhead and its trace stay small (FIELD-NOTES)."""
+BANDWIDTH_ITERS = 5
+BANDWIDTH_MAX_BYTES = 32 * 2**20
+"""The bandwidth probe all-reduces the model's gradient size, capped here to stay quick."""
+
+Progress = Callable[[int, str], None]
+"""`progress(step, phase)`: a rank's position, reported so a hang can be pinned on a rank."""
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """Who this process is in the world torchrun built."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    backend: str
+
+    @classmethod
+    def from_env(cls, device_type: str) -> RankContext:
+        rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+        device = torch.device("cuda", local) if device_type == "cuda" else torch.device("cpu")
+        return cls(rank, local, int(os.environ["WORLD_SIZE"]), device, "nccl" if device_type == "cuda" else "gloo")
+
+
+def run_rank_trial(
+    workload: Workload | str,
+    config: TrainConfig,
+    ctx: RankContext,
+    *,
+    warmup: int,
+    steps: int,
+    preset: str,
+    emit: EventSink,
+    progress: Progress,
+) -> TrialResult:
+    """Run this rank's part; rank 0's result (with every rank's data) is the trial's result."""
+    from workbench.device import capabilities_report, device_info
+    from workbench.fingerprint import environment_fingerprint
+
+    wl = load_workload(workload, preset=preset, **config.extra) if isinstance(workload, str) else workload
+    local_wl, local_config = shard_workload(wl, config, ctx.rank, ctx.world_size)
+    progress(-1, "setup")
+    result = TrialResult(
+        trial_id=_shared_trial_id(ctx),
+        status="ok",
+        workload=wl.name,
+        preset=wl.preset,
+        workload_source=wl.source,
+        config=config.to_dict(),
+        device=device_info(ctx.device).to_dict(),
+        environment=environment_fingerprint(ctx.device),
+        capabilities=capabilities_report(ctx.device)["toggles"],
+        warmup=warmup,
+        steps=steps,
+        batch_size=wl.effective_batch_size(config),
+        samples_per_step=wl.effective_batch_size(config) * config.grad_accumulation,
+        started_at=time.time(),
+        worker_pid=os.getpid(),
+    )
+    emit(TrialStarted(result.trial_id, wl.describe(), result.config, warmup, steps, f"{ctx.world_size}x{ctx.device}"))
+    progress(-1, "setup")  # each stretch of set-up reports, so only a real hang looks silent
+    started = time.perf_counter()
+    train_step = build(local_wl, local_config, ctx.device)
+    result.applied = [{"toggle": a.toggle, "value": a.value, "detail": a.detail} for a in train_step.applied]
+    window = _Window(train_step, local_wl.batches(local_config), ctx, result, emit, progress)
+    window.run()
+    local: dict[str, Any] = {"rank": ctx.rank, "host": socket.gethostname(), "step_ms": list(result.step_ms)}
+    local["warmup_step_ms"] = list(result.warmup_step_ms)
+    if result.status == "ok":
+        local["profile"] = window.profile(PROFILE_STEPS).to_dict()
+        local["allreduce"] = measure_allreduce(_gradient_bytes(train_step), ctx)
+    if ctx.device.type == "cuda":
+        local["peak_memory_bytes"] = read_cuda_peak(ctx.device).peak_bytes
+    gathered: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, local)
+    result.rank_step_ms = [list(item["step_ms"]) for item in gathered]
+    result.distributed = summarize_ranks(gathered, config, ctx.backend, ctx.world_size, _step_comm_bytes(train_step))
+    _record_memory(result, gathered, ctx)
+    result.wall_time_s = time.perf_counter() - started
+    emit(TrialFinished(result.trial_id, result))
+    return result
+
+
+class _Window:
+    """Warm-up and timed window on one rank; rank 0 emits the events."""
+
+    def __init__(
+        self,
+        step: TrainStep,
+        batches: Any,
+        ctx: RankContext,
+        result: TrialResult,
+        emit: EventSink,
+        progress: Progress,
+    ) -> None:
+        self.step, self.batches, self.ctx, self.result = step, batches, ctx, result
+        self.emit, self.progress = emit, progress
+        self.losses: list[torch.Tensor] = []
+
+    def run(self) -> None:
+        result, dev = self.result, self.ctx.device
+        for index in range(result.warmup):
+            begin = time.perf_counter()
+            self._one(index, None)
+            synchronize(dev)
+            elapsed_ms = (time.perf_counter() - begin) * 1000.0
+            result.warmup_step_ms.append(elapsed_ms)
+            value = float(self.losses[index])
+            self.emit(StepMeasured(result.trial_id, index, False, elapsed_ms, value))
+            if not math.isfinite(value):  # the loss is averaged: every rank stops at the same step
+                return self._diverged(index)
+        result.time_to_first_step_s = result.warmup_step_ms[0] / 1000.0
+        if dev.type == "cuda":
+            reset_cuda_peak(dev)
+        clock = make_clock(dev)
+        for offset in range(result.steps):
+            index = result.warmup + offset
+            self._one(index, clock)
+            for timing in clock.poll():
+                self._record(timing)
+            if dev.type == "cpu" and not math.isfinite(float(self.losses[index])):
+                break
+        for timing in clock.finish():
+            self._record(timing)
+        result.losses = [float(x) for x in self.losses]
+        bad = next((i for i, x in enumerate(result.losses) if not math.isfinite(x)), None)
+        if bad is not None:
+            return self._diverged(bad)
+        one_time = self.step.config.compile != "off"
+        median = result.median_step_ms or 0.0
+        result.compile_time_s = max(0.0, result.warmup_step_ms[0] - median) / 1000.0 if one_time else 0.0
+
+    def _one(self, index: int, clock: Any) -> None:
+        def mark(label: str) -> None:
+            if clock is not None:
+                clock.mark(label)
+            self.progress(index, label)
+
+        self.progress(index, "data")
+        if clock is not None:
+            clock.begin_step()
+        micro = [self.step.prepare_batch(next(self.batches)) for _ in range(self.step.config.grad_accumulation)]
+        if clock is not None:
+            clock.mark("data")
+        loss = self.step(micro, mark)
+        if clock is not None:
+            clock.end_step()
+        # After the clock stopped: the global batch's loss is the mean of the ranks' losses.
+        total = loss.detach().float().clone()
+        dist.all_reduce(total)
+        self.losses.append(total / self.ctx.world_size)
+
+    def _record(self, timing: Any) -> None:
+        result = self.result
+        index = result.warmup + len(result.step_ms)
+        result.step_ms.append(timing.step_ms)
+        for name, value in timing.phase_ms.items():
+            result.phase_ms.setdefault(name, []).append(value)
+        loss = float(self.losses[index]) if self.ctx.device.type == "cpu" else None  # no host sync on CUDA
+        self.emit(StepMeasured(result.trial_id, index, True, timing.step_ms, loss, dict(timing.phase_ms)))
+
+    def _diverged(self, step: int) -> None:
+        result = self.result
+        result.losses = [float(x) for x in self.losses]
+        result.status, result.diverged_step = "diverged", step
+        result.message = f"loss became {result.losses[step]} at step {step}; lower lr, or use bf16 instead of fp16"
+
+    def profile(self, steps: int) -> Any:
+        """Compute vs communication over `steps` extra steps under torch.profiler (all ranks)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        dev = self.ctx.device
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+        synchronize(dev)
+        dist.barrier()
+        begin = time.perf_counter()
+        with profile(activities=activities) as prof:
+            for index in range(steps):
+                micro = [self.step.prepare_batch(next(self.batches)) for _ in range(self.step.config.grad_accumulation)]
+                self.step(micro)
+                self.progress(self.result.warmup + self.result.steps + index, "profile")
+            synchronize(dev)
+        window_ms = (time.perf_counter() - begin) * 1000.0
+        compute, comm = intervals_from_events(prof.events(), dev.type)
+        return comm_profile(compute, comm, window_ms, steps)
+
+
+def measure_allreduce(nbytes: int, ctx: RankContext) -> dict[str, float]:
+    """Time an all-reduce of `nbytes` (capped): the bandwidth this world reaches, nccl-tests style.
+
+    algbw = bytes / time; busbw = algbw * 2(n-1)/n, the per-link rate a ring all-reduce needs,
+    comparable across world sizes and with the interconnect's rated bandwidth.
+    """
+    size = max(4, min(nbytes, BANDWIDTH_MAX_BYTES))
+    buffer = torch.ones(size // 4, device=ctx.device)
+    dist.all_reduce(buffer)  # connect and warm up outside the timing
+    synchronize(ctx.device)
+    dist.barrier()
+    begin = time.perf_counter()
+    for _ in range(BANDWIDTH_ITERS):
+        dist.all_reduce(buffer)
+    synchronize(ctx.device)
+    seconds = (time.perf_counter() - begin) / BANDWIDTH_ITERS
+    algbw = size / seconds / 1e9
+    ring = 2 * (ctx.world_size - 1) / ctx.world_size if ctx.world_size > 1 else 0.0
+    return {"bytes": float(size), "time_ms": seconds * 1000.0, "algbw_gbps": algbw, "busbw_gbps": algbw * ring}
+
+
+def _gradient_bytes(step: TrainStep) -> int:
+    """Bytes of the full (unsharded) fp32 gradient: what one data-parallel step must reduce."""
+    return sum(p.numel() * p.element_size() for p in step.base_model.parameters() if p.requires_grad)
+
+
+def _step_comm_bytes(step: TrainStep) -> int | None:
+    """Bytes DDP all-reduces per step (halved by a 16-bit hook); None for FSDP2, whose traffic
+    (all-gathers and reduce-scatters per block) is not one all-reduce."""
+    if step.config.strategy != "ddp":
+        return None
+    grads = _gradient_bytes(step)
+    return grads // 2 if step.config.comm_hook != "none" else grads
+
+
+def _record_memory(result: TrialResult, gathered: list[Any], ctx: RankContext) -> None:
+    if ctx.device.type == "cuda":
+        peaks = [item.get("peak_memory_bytes") or 0 for item in gathered]
+        result.peak_memory_bytes = max(peaks)
+        result.memory_method = "CUDA caching allocator: max_memory_allocated over the timed window, largest rank"
+    else:
+        result.memory_method = (
+            "not measured: the CPU tensor tracker runs one extra step in one process, "
+            "which a distributed trial does not do"
+        )
+
+
+def _shared_trial_id(ctx: RankContext) -> str:
+    """One id for all ranks: rank 0 draws it and broadcasts it."""
+    holder = [uuid.uuid4().hex[:12] if ctx.rank == 0 else ""]
+    dist.broadcast_object_list(holder, src=0)
+    return str(holder[0])

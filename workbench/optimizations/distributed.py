@@ -1,0 +1,140 @@
+"""Data parallelism: wrap the model in DDP or shard it with FSDP2, on an initialized process group.
+
+Applied by `build()` after activation checkpointing and before the optimizer: FSDP2 replaces
+parameters with sharded DTensors, so the optimizer must be built on the result, and compile
+then traces the wrapped forward (PyTorch's recommended order for DDP: wrap, then compile, so
+DDPOptimizer can split the graph at bucket boundaries). The process group itself belongs to
+the launcher (`workbench.distributed`); this module never creates one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.config import ConfigError, TrainConfig
+from workbench.optimizations.checkpointing import find_targets, resolve_target
+from workbench.optimizations.record import Applied, name_list
+
+DEFAULT_BUCKET_CAP_MB = 25.0
+"""DistributedDataParallel's own default bucket size, reported when the config leaves it unset."""
+
+
+def apply_data_parallel(
+    model: nn.Module, config: TrainConfig, device: torch.device, block_target: str | None = None
+) -> tuple[nn.Module, Applied]:
+    """DDP wrapper or FSDP2-sharded model for `config.strategy`; what runs forward from now on.
+
+    `block_target` is the workload's repeated block class (its checkpoint target): FSDP2 shards
+    each such block as one unit, so a block's parameters are gathered just before it runs.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise ConfigError(
+            f"strategy={config.strategy} needs an initialized process group: run the trial through "
+            "run_trial (which launches torchrun) or `torchrun ... -m workbench.distributed`"
+        )
+    if config.strategy == "ddp":
+        return apply_ddp(model, config, device)
+    if config.strategy == "fsdp2":
+        return apply_fsdp2(model, config, block_target)
+    raise ConfigError(f"strategy={config.strategy!r} is not a data-parallel strategy; use ddp or fsdp2")
+
+
+def apply_ddp(model: nn.Module, config: TrainConfig, device: torch.device) -> tuple[nn.Module, Applied]:
+    """DistributedDataParallel with the config's bucket size, bucket views, static graph and hook."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    kwargs: dict[str, Any] = {
+        "gradient_as_bucket_view": config.ddp_gradient_as_bucket_view,
+        "static_graph": config.ddp_static_graph,
+    }
+    if config.ddp_bucket_cap_mb is not None:
+        kwargs["bucket_cap_mb"] = config.ddp_bucket_cap_mb
+    if device.type == "cuda":
+        kwargs["device_ids"] = [device.index if device.index is not None else torch.cuda.current_device()]
+    wrapped = DistributedDataParallel(model, **kwargs)
+    hook_text = _register_comm_hook(wrapped, config.comm_hook, dist.get_backend())
+    cap = config.ddp_bucket_cap_mb if config.ddp_bucket_cap_mb is not None else DEFAULT_BUCKET_CAP_MB
+    grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    detail = (
+        f"DistributedDataParallel over {dist.get_world_size()} {dist.get_backend()} ranks: "
+        f"{grads / 2**20:.1f} MiB of gradients all-reduced in {cap:g} MB buckets during backward"
+        f"; gradient_as_bucket_view={config.ddp_gradient_as_bucket_view}, static_graph={config.ddp_static_graph}"
+        f"; {hook_text}"
+    )
+    return wrapped, Applied("strategy", "ddp", detail)
+
+
+def _register_comm_hook(wrapped: Any, hook: str, backend: str) -> str:
+    """Register the gradient-compression hook; bf16 only where PyTorch allows it (NCCL)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    if hook == "none":
+        return "no comm hook (fp32 all-reduce)"
+    if hook == "bf16" and backend != "nccl":
+        raise ConfigError(
+            f"comm_hook=bf16 needs the NCCL backend (DDP's bf16_compress_hook requires CUDA 11+ and NCCL 2.10+); "
+            f"this trial runs on {backend}: use comm_hook=fp16"
+        )
+    function = default_hooks.fp16_compress_hook if hook == "fp16" else default_hooks.bf16_compress_hook
+    wrapped.register_comm_hook(state=None, hook=function)
+    return f"{function.__name__}: gradients cast to {hook} for the all-reduce (half the bytes), back to fp32 after"
+
+
+def apply_fsdp2(model: nn.Module, config: TrainConfig, block_target: str | None) -> tuple[nn.Module, Applied]:
+    """`fully_shard` each repeated block, then the root: one all-gather per block in forward.
+
+    With fsdp_param_dtype=bf16, BatchNorm layers get their own fp32 policy: bf16 batch statistics
+    lose precision, and an fp32 BatchNorm only meets its bf16 neighbours under autocast, so
+    that combination requires amp=bf16 (seen on CPU: without autocast the next layer fails
+    with "mat1 and mat2 must have the same dtype").
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy()
+    if config.fsdp_param_dtype == "bf16":
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    norms = [name for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    notes: list[str] = []
+    if config.fsdp_param_dtype == "bf16" and norms:
+        if config.amp != "bf16":
+            raise ConfigError(
+                f"fsdp_param_dtype=bf16 on a model with {len(norms)} BatchNorm layer(s) ({name_list(norms, 3)}) "
+                "needs amp=bf16: the BatchNorm layers are kept in fp32, and only autocast lets them meet "
+                "bf16 neighbours; set amp=bf16, or fsdp_param_dtype=fp32"
+            )
+        modules = dict(model.named_modules())
+        fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
+        for name in norms:
+            fully_shard(modules[name], mp_policy=fp32, reshard_after_forward=config.fsdp_reshard_after_forward)
+        notes.append(f"{len(norms)} BatchNorm layer(s) kept fp32 (own fp32 policy, autocast on)")
+    blocks = _blocks(model, config, block_target)
+    modules = dict(model.named_modules())
+    for name in blocks:
+        fully_shard(modules[name], mp_policy=policy, reshard_after_forward=config.fsdp_reshard_after_forward)
+    fully_shard(model, mp_policy=policy, reshard_after_forward=config.fsdp_reshard_after_forward)
+    import torch.distributed as dist
+
+    unit = f"{len(blocks)} block(s) ({name_list(blocks, 4)}) + root" if blocks else "the root module only"
+    precision = "params bf16, gradients reduced in fp32" if config.fsdp_param_dtype == "bf16" else "fp32"
+    detail = (
+        f"fully_shard over {dist.get_world_size()} {dist.get_backend()} ranks: {unit}; "
+        f"reshard_after_forward={config.fsdp_reshard_after_forward}; {precision}"
+    )
+    if notes:
+        detail += "; " + "; ".join(notes)
+    return model, Applied("strategy", "fsdp2", detail)
+
+
+def _blocks(model: nn.Module, config: TrainConfig, block_target: str | None) -> list[str]:
+    """The sharding units: the checkpoint target when one is set, else the workload's block class."""
+    target = config.checkpoint_target if config.checkpoint_target != "auto" else block_target
+    if not target:
+        return []  # a model without a known block is sharded as one unit: correct, less overlap
+    names = find_targets(model, resolve_target(target, block_target))
+    return [n for n in names if n]  # the root is sharded last, separately
