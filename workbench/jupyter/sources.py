@@ -1,0 +1,149 @@
+"""What the `capabilities`, `runs` and `notebooks/*` endpoints serve, kept apart from HTTP.
+
+Nothing here takes a path, a module name or code from a request: templates come from a
+fixed allow-list of notebooks installed with the package, runs from the user's default
+store, and capabilities from our own CLI (fixed arguments) run in a child process. The child process is the trade-off:
+probing the device imports torch and runs a tiny kernel, which inside the Jupyter server
+would cost it ~300 MB of RAM for good and, on a GPU, a CUDA context (GPU memory) that
+would outlive the probe. The answer cannot change while the server runs, so it is
+computed once per process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+CAPABILITIES_TIMEOUT_S = 180.0
+
+#: Template name in the URL → file name. The only notebooks the API will read.
+TEMPLATES = {"quickstart": "01_quickstart.ipynb"}
+
+#: Where the wheel installs the notebooks, under each Jupyter data directory (pyproject shared-data).
+DATA_SUBDIR = ("training-workbench", "notebooks")
+#: A source checkout (editable install) reads its own notebooks/ folder, so edits show up at once.
+_CHECKOUT = _PACKAGE_PARENT = Path(__file__).resolve().parents[2]
+
+
+class SourceError(Exception):
+    """A source cannot answer; `status` is the HTTP status the handler should send."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# --- capabilities --------------------------------------------------------------------
+
+_capabilities: dict[str, Any] | None = None
+_probe: asyncio.Task[dict[str, Any]] | None = None
+
+
+async def capabilities() -> dict[str, Any]:
+    """`workbench capabilities --json`, computed once per process in a child process."""
+    global _capabilities, _probe
+    if _capabilities is not None:
+        return _capabilities
+    loop = asyncio.get_running_loop()
+    if _probe is None or _probe.get_loop() is not loop:
+        _probe = loop.create_task(_probe_capabilities())  # concurrent first requests share one probe
+    task = _probe
+    try:
+        # shield: a client that goes away does not cancel the probe the others wait for
+        _capabilities = await asyncio.shield(task)
+    except BaseException:
+        if _probe is task and task.done():
+            _probe = None  # a failed probe is retried by the next request, not cached
+        raise
+    return _capabilities
+
+
+async def _probe_capabilities() -> dict[str, Any]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "workbench.cli",
+        "capabilities",
+        "--json",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        # `-m` puts the working directory first on sys.path: run from the folder holding this very
+        # `workbench` package, so a `workbench/` folder among the user's notebooks is never imported.
+        cwd=_PACKAGE_PARENT,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), CAPABILITIES_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise SourceError(504, f"the device probe took over {CAPABILITIES_TIMEOUT_S:.0f} s") from None
+    if proc.returncode != 0:
+        tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
+        raise SourceError(500, f"the device probe failed (exit {proc.returncode}): {tail[0]}")
+    try:
+        report: dict[str, Any] = json.loads(out)
+    except json.JSONDecodeError as exc:
+        raise SourceError(500, f"the device probe printed no JSON report ({exc})") from None
+    return report
+
+
+# --- runs ----------------------------------------------------------------------------
+
+
+def list_runs(limit: int) -> dict[str, Any]:
+    """The newest stored trials (summaries, newest first) from the user's default run store.
+
+    Blocking (SQLite): call it in a thread. An absent store is an empty list with a note
+    saying why, not an error — a fresh install has run nothing yet.
+    """
+    try:
+        from workbench.store import Store, StoreError, default_store_path
+    except ImportError as exc:
+        return {"runs": [], "store": None, "note": f"the run store is not part of this installation ({exc})"}
+    path = default_store_path()
+    if path is None:
+        return {"runs": [], "store": None, "note": "the run store is switched off (WORKBENCH_STORE=off)"}
+    if not path.exists():
+        return {"runs": [], "store": str(path), "note": "no runs saved yet: `workbench run` and `compare` save here"}
+    try:
+        with Store(path, create=False) as store:
+            rows = store.history(limit=limit)
+    except StoreError as exc:
+        raise SourceError(500, f"cannot read the run store: {exc}") from None
+    return {"runs": [row.to_dict() for row in rows], "store": str(path), "note": ""}
+
+
+# --- notebook templates --------------------------------------------------------------
+
+
+def notebook_template(name: str) -> dict[str, Any]:
+    """A packaged notebook by template name, outputs cleared, as `{"name", "content"}`.
+
+    Outputs, execution counts and saved widget state are dropped: they were produced on
+    someone else's machine, and a fresh copy should show only what this one measures.
+    """
+    file_name = TEMPLATES.get(name)
+    if file_name is None:
+        raise SourceError(404, f"no notebook template {name!r}; known: {', '.join(sorted(TEMPLATES))}")
+    path = _template_path(file_name)
+    if path is None:
+        raise SourceError(404, f"{file_name} is not installed with the workbench package (reinstall it)")
+    notebook: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    for cell in notebook.get("cells", []):
+        if cell.get("cell_type") == "code":
+            cell["outputs"] = []
+            cell["execution_count"] = None
+    notebook.get("metadata", {}).pop("widgets", None)
+    return {"name": file_name, "content": notebook}
+
+
+def _template_path(file_name: str) -> Path | None:
+    from jupyter_core.paths import jupyter_path
+
+    candidates = [Path(folder) / file_name for folder in jupyter_path(*DATA_SUBDIR)]
+    if (_CHECKOUT / "pyproject.toml").is_file():
+        candidates.insert(0, _CHECKOUT / "notebooks" / file_name)
+    return next((path for path in candidates if path.is_file()), None)
