@@ -1,0 +1,100 @@
+"""`workbench diagnose` and `workbench estimate`: the bottleneck and memory commands of the CLI.
+
+Kept beside `cli.py` so the main command table stays one screen; `cli.build_parser` calls
+`add_commands`. Same conventions: input errors raise ConfigError/WorkloadError (exit 2),
+a failed trial exits 1, `--json` prints plain data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from workbench.config import ConfigError, TrainConfig
+from workbench.workloads.registry import PRESETS
+
+EXIT_FAILED_TRIAL = 1
+
+
+def add_commands(
+    sub: Any,
+    add_trial_args: Callable[[argparse.ArgumentParser], None],
+    make_config: Callable[[Sequence[str]], TrainConfig],
+) -> None:
+    diagnose = sub.add_parser("diagnose", help="run a profiled trial and say why the step is slow")
+    add_trial_args(diagnose)
+    diagnose.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V[,K=V]")
+    diagnose.add_argument("--trace-dir", default=None, help="where the gzip profiler trace goes (default: tmp)")
+    diagnose.set_defaults(handler=lambda args: _cmd_diagnose(args, make_config), steps=8)
+
+    estimate = sub.add_parser("estimate", help="peak memory of a config on a GPU, and the largest batch that fits")
+    estimate.add_argument("--workload", default="bev-perception", help="built-in name or package.module:function")
+    estimate.add_argument("--preset", default="tiny", choices=PRESETS)
+    estimate.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V[,K=V]")
+    estimate.add_argument("--device-name", default="H100", help="'cpu' or a GPU in the peak table (H100, H200, A100 80GB, ...)")  # fmt: skip
+    estimate.add_argument("--batch-size", type=int, default=None, help="estimate at this micro-batch size")
+    estimate.add_argument("--max-batch-size", action="store_true", help="search the largest batch that fits")
+    estimate.add_argument("--memory-budget", default=None, metavar="BYTES",
+                          help="budget for --max-batch-size, e.g. 80GB or 75GiB (default: 90%% of the device)")  # fmt: skip
+    estimate.add_argument("--json", action="store_true")
+    estimate.set_defaults(handler=lambda args: _cmd_estimate(args, make_config))
+
+
+def _cmd_diagnose(args: argparse.Namespace, make_config: Callable[[Sequence[str]], TrainConfig]) -> int:
+    from workbench.analysis.diagnose import diagnose_trial
+    from workbench.measure import run_trial
+    from workbench.measure.profile import ProfileOptions
+    from workbench.progress import ProgressLine
+
+    config = make_config(args.overrides)
+    options = ProfileOptions(trace_dir=args.trace_dir)
+    with ProgressLine(enabled=not args.quiet and not args.json) as progress:
+        result = run_trial(args.workload, config, warmup=args.warmup, steps=args.steps, device=args.device,
+                           preset=args.preset, on_event=progress, timeout_s=args.timeout, profile=options)  # fmt: skip
+    diagnosis = diagnose_trial(result)
+    if args.json:
+        print(json.dumps({"result": result.to_dict(), "diagnosis": diagnosis.to_dict()}, indent=2, default=str))
+    else:
+        from workbench.report import run_summary
+
+        print(run_summary(result))
+        print()
+        print(diagnosis.to_text(result))
+    return 0 if result.ok else EXIT_FAILED_TRIAL
+
+
+def _cmd_estimate(args: argparse.Namespace, make_config: Callable[[Sequence[str]], TrainConfig]) -> int:
+    from workbench.estimate import estimate_memory, max_batch_size
+
+    config = make_config(args.overrides)
+    budget = parse_bytes(args.memory_budget) if args.memory_budget else None
+    if budget is not None and not args.max_batch_size:
+        raise ConfigError("--memory-budget is the budget of --max-batch-size; add --max-batch-size")
+    if args.max_batch_size:
+        search = max_batch_size(args.workload, config, args.device_name, budget, preset=args.preset)
+        if args.json:
+            print(json.dumps(search.to_dict(), indent=2))
+        else:
+            print(search.to_text())
+        return 0
+    estimate = estimate_memory(args.workload, config, args.device_name, args.batch_size, preset=args.preset)
+    if args.json:
+        print(json.dumps(estimate.to_dict(), indent=2))
+    else:
+        print(estimate.to_text())
+    return 0
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+
+
+def parse_bytes(text: str) -> int:
+    """'80GB' (decimal, as GPUs are sold) or '75GiB' or a plain number of bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ConfigError(f"memory budget '{text}' is not a size; write e.g. 80GB, 75GiB or 1000000000")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
