@@ -129,3 +129,57 @@ def test_every_field_has_a_docstring_and_enumerations_are_listed() -> None:
     assert field_choices("cuda_graphs") == (False, True)
     assert field_choices("compile_dynamic") == (None, False, True)
     assert field_choices("batch_size") is None
+
+
+# --- distributed fields -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "fix"),
+    [
+        ({"nproc_per_node": 2}, "set strategy=ddp"),
+        ({"nnodes": 2, "rdzv_endpoint": "node0:29500"}, "set strategy=ddp"),
+        ({"ddp_bucket_cap_mb": 5}, "applies to strategy=ddp only.*set strategy=ddp or drop ddp_bucket_cap_mb"),
+        ({"strategy": "fsdp2", "comm_hook": "fp16"}, "comm_hook=fp16 applies to strategy=ddp only"),
+        ({"strategy": "ddp", "ddp_static_graph": True, "fsdp_reshard_after_forward": False}, "strategy=fsdp2 only"),
+        ({"strategy": "ddp", "fsdp_param_dtype": "bf16"}, "set strategy=fsdp2 or drop fsdp_param_dtype"),
+        ({"strategy": "ddp", "nnodes": 2}, "nnodes=2 needs rdzv_endpoint=HOST:PORT"),
+        ({"strategy": "ddp", "rdzv_endpoint": "node0"}, "is not HOST:PORT"),
+        ({"strategy": "ddp", "rdzv_endpoint": "node0:99999"}, "is not HOST:PORT"),
+        ({"strategy": "ddp", "cuda_graphs": True}, "turn one of them off"),
+        ({"strategy": "fsdp2", "grad_accumulation": 2}, "raise batch_size instead"),
+        ({"strategy": "fsdp2", "fsdp_param_dtype": "bf16", "amp": "fp16"}, "use amp=bf16"),
+    ],
+)
+def test_distributed_fields_belong_to_their_strategy(changes: dict, fix: str) -> None:
+    with pytest.raises(ConfigError, match=fix):
+        TrainConfig(**changes)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"strategy": "horovod"}, "choose one of: none, ddp, fsdp2"),
+        ({"strategy": "ddp", "comm_hook": "int8"}, "choose one of: none, fp16, bf16"),
+        ({"strategy": "ddp", "nproc_per_node": 0}, "nproc_per_node must be >= 1"),
+        ({"strategy": "ddp", "nnodes": 1.5}, "nnodes must be an integer"),
+        ({"strategy": "ddp", "ddp_bucket_cap_mb": 0}, "ddp_bucket_cap_mb must be a positive number"),
+        ({"strategy": "ddp", "ddp_bucket_cap_mb": True}, "ddp_bucket_cap_mb must be a positive number"),
+        ({"strategy": "ddp", "rdzv_endpoint": 29500}, "rdzv_endpoint must be a 'HOST:PORT' string"),
+    ],
+)
+def test_bad_distributed_values_are_refused(changes: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(**changes)
+
+
+def test_distributed_configs_parse_from_the_command_line_and_round_trip() -> None:
+    text = "strategy=ddp,nproc_per_node=4,rdzv_endpoint=node0:29500,nnodes=2,ddp_bucket_cap_mb=2.5,comm_hook=fp16"
+    config = TrainConfig().with_overrides(text)
+    assert (config.nproc_per_node, config.nnodes, config.ddp_bucket_cap_mb) == (4, 2, 2.5)
+    assert isinstance(config.ddp_bucket_cap_mb, float)
+    assert TrainConfig.from_json(config.to_json()) == config
+    fsdp = TrainConfig(strategy="fsdp2", nproc_per_node=2, fsdp_reshard_after_forward=False, fsdp_param_dtype="bf16")
+    assert TrainConfig.from_json(fsdp.to_json()) == fsdp
+    assert field_choices("strategy") == ("none", "ddp", "fsdp2")
+    assert "GLOBAL batch" in field_doc("strategy")

@@ -105,3 +105,38 @@ def test_peak_table_knows_unsupported_dtypes_and_unknown_devices() -> None:
     v100 = lookup_spec("Tesla V100-SXM2-32GB")
     assert v100 is not None and v100.peak_flops("bf16") is None
     assert lookup_spec("AMD Ryzen 9 7950X") is None
+
+
+# --- distributed capabilities -------------------------------------------------------
+
+
+@needs_cpu_only
+def test_cpu_allows_small_gloo_worlds_and_refuses_the_bf16_hook_with_its_reason() -> None:
+    import os
+
+    caps = capabilities("cpu")
+    assert caps["strategy"]["ddp"].available and caps["strategy"]["fsdp2"].available
+    assert not caps["comm_hook"]["bf16"].available
+    assert "NCCL" in caps["comm_hook"]["bf16"].reason and "comm_hook=fp16" in caps["comm_hook"]["bf16"].reason
+    assert caps["comm_hook"]["fp16"].available
+    assert caps["nproc_per_node"][2].available  # the smallest real world runs even on a tiny machine
+    cores = len(os.sched_getaffinity(0))
+    too_many = max(2, cores) + 1
+    with pytest.raises(ConfigError, match=f"nproc_per_node={too_many} is not available on cpu.*CPU core"):
+        check_config(TrainConfig(strategy="ddp", nproc_per_node=too_many), "cpu")
+    with pytest.raises(ConfigError, match="comm_hook=bf16 is not available on cpu"):
+        check_config(TrainConfig(strategy="ddp", nproc_per_node=2, comm_hook="bf16"), "cpu")
+    check_config(TrainConfig(strategy="fsdp2", nproc_per_node=2, fsdp_param_dtype="bf16", amp="bf16"), "cpu")
+    report = capabilities_report("cpu")["toggles"]
+    assert set(report["nproc_per_node"]) >= {"1", "2"} and "bf16" in report["comm_hook"]
+
+
+def test_gpu_worlds_need_one_device_per_rank() -> None:
+    from workbench.device import world_size_availability
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    count = torch.cuda.device_count()
+    assert world_size_availability(count, torch.device("cuda")).available
+    refused = world_size_availability(count + 1, torch.device("cuda"))
+    assert not refused.available and f"{count} CUDA device" in refused.reason

@@ -14,6 +14,7 @@ from typing import Any
 from workbench.analysis.compare import Comparison, compare_trials
 from workbench.config import ConfigError, TrainConfig
 from workbench.measure import EventSink, TrialResult, run_trial
+from workbench.store import DEFAULT_STORE, StoreArg, opened_store
 from workbench.workloads import Workload
 
 
@@ -61,31 +62,60 @@ def run_comparison(
     preset: str = "tiny",
     on_event: EventSink | None = None,
     cancel: threading.Event | None = None,
+    store: StoreArg = DEFAULT_STORE,
     **trial_options: Any,
 ) -> ComparisonRun:
-    """Run baseline and candidates interleaved (B C1 C2 B C1 C2 ...) `repeats` times, then compare."""
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ConfigError(f"repeats must be an integer >= 1, got {repeats!r}")
+    """Run baseline and candidates interleaved (B C1 C2 B C1 C2 ...) `repeats` times, then compare.
+
+    Every finished trial is saved to `store` (default: the user's run history; None: not saved).
+    """
     if not candidates:
         raise ConfigError("a comparison needs at least one candidate configuration")
-    configs = [baseline, *candidates]
-    runs: list[list[TrialResult]] = [[] for _ in configs]
-    for _ in range(repeats):
-        for index, config in enumerate(configs):
-            result = run_trial(
-                workload,
-                config,
-                warmup=warmup,
-                steps=steps,
-                device=device,
-                preset=preset,
-                on_event=on_event,
-                cancel=cancel,
-                **trial_options,
-            )
-            runs[index].append(result)
+    labels = ["baseline", *(f"candidate {i}" for i in range(1, len(candidates) + 1))]
+    runs = run_trials(workload, [baseline, *candidates], repeats=repeats, labels=labels, kind="compare", store=store,
+                      warmup=warmup, steps=steps, device=device, preset=preset, on_event=on_event, cancel=cancel,
+                      **trial_options)  # fmt: skip
     comparison = compare_trials(runs[0], runs[1:])
     return ComparisonRun(comparison, runs[0], runs[1:])
+
+
+def run_trials(
+    workload: Workload | str,
+    configs: Sequence[TrainConfig],
+    *,
+    repeats: int = 1,
+    labels: Sequence[str] = (),
+    kind: str = "run",
+    run_label: str = "",
+    store: StoreArg = DEFAULT_STORE,
+    **trial_options: Any,
+) -> list[list[TrialResult]]:
+    """`run_trial` for each config, interleaved `repeats` times; runs[i] holds config i's repeats.
+
+    Each trial is saved to `store` as one stored run's trial, right after it finished (so
+    an interrupted comparison keeps the trials it completed, and never half of one).
+    The store is opened before the first trial: a broken history file fails in a second,
+    not after minutes of measuring.
+    """
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError(f"repeats must be an integer >= 1, got {repeats!r}")
+    runs: list[list[TrialResult]] = [[] for _ in configs]
+    with opened_store(store) as history:
+        recorder = history.recorder(kind, label=run_label) if history is not None else None
+        for _ in range(repeats):
+            for index, config in enumerate(configs):
+                result = run_trial(workload, config, **trial_options)
+                if recorder is not None:
+                    recorder.save(result, label=labels[index] if index < len(labels) else "")
+                runs[index].append(result)
+    return runs
+
+
+def run_and_store(
+    workload: Workload | str, config: TrainConfig | None = None, *, store: StoreArg = DEFAULT_STORE, **options: Any
+) -> TrialResult:
+    """`run_trial`, with the result saved to `store` (default: the user's run history; None: not saved)."""
+    return run_trials(workload, [config or TrainConfig()], store=store, **options)[0][0]
 
 
 class TrialHandle:
@@ -130,8 +160,8 @@ class TrialHandle:
 
 
 def start_trial(workload: Workload | str, config: TrainConfig | None = None, **options: Any) -> TrialHandle:
-    """`run_trial` on a background thread; same arguments (except `cancel`, which the handle owns)."""
-    return TrialHandle(run_trial, workload, config, **options)
+    """`run_and_store` on a background thread; same arguments (except `cancel`, which the handle owns)."""
+    return TrialHandle(run_and_store, workload, config, **options)
 
 
 def start_comparison(

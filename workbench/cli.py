@@ -45,6 +45,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `workbench export | head`: the reader left, nothing is wrong
         sys.stderr.close()
         return 0
+    except Exception as exc:
+        from workbench.store import StoreError  # imported only when needed: keeps start-up lean
+
+        if not isinstance(exc, StoreError):
+            raise
+        print(f"workbench {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_trial_args(run)
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V[,K=V]",
                      help="config fields to change, e.g. --set amp=bf16 --set compile=default")  # fmt: skip
+    run.add_argument("--profile", action="store_true",
+                     help="add a profiled window after the timed one and print the diagnosis")  # fmt: skip
+    _add_store_arg(run, saving=True)
     run.set_defaults(handler=_cmd_run)
 
     compare = sub.add_parser("compare", help="compare candidates against a baseline")
@@ -65,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--candidate", action="append", default=[], metavar="K=V[,K=V]", required=True,
                          help="a candidate's overrides on top of the baseline; repeat for more")  # fmt: skip
     compare.add_argument("--repeats", type=int, default=1, help="interleaved repeats per configuration (default 1)")
+    _add_store_arg(compare, saving=True)
     compare.set_defaults(handler=_cmd_compare)
 
     export = sub.add_parser("export", help="write a configuration as a Python snippet, JSON or a command line")
@@ -83,7 +94,54 @@ def build_parser() -> argparse.ArgumentParser:
     caps.add_argument("--device", default=None)
     caps.add_argument("--json", action="store_true")
     caps.set_defaults(handler=_cmd_capabilities)
+
+    from workbench.cli_diagnose import add_commands  # diagnose, estimate
+
+    add_commands(sub, _add_trial_args, _config)
+
+    history = sub.add_parser("history", help="stored trials, newest first")
+    history.add_argument("--workload", default=None, help="only this workload")
+    history.add_argument("--config", default=None, metavar="K=V[,K=V]",
+                         help="only this exact configuration ('' for the defaults)")  # fmt: skip
+    history.add_argument("--commit", default=None, help="only trials at this git commit (sha or prefix)")
+    history.add_argument("--since", default=None, metavar="YYYY-MM-DD", help="only trials started on or after")
+    history.add_argument("--limit", type=int, default=20, help="most rows to show (default 20)")
+    _add_store_arg(history)
+    history.add_argument("--json", action="store_true")
+    history.set_defaults(handler=_cmd_history)
+
+    regress = sub.add_parser("regress", help="check a suite of configurations against stored results (for CI)")
+    regress.add_argument("--suite", required=True, metavar="SUITE.json", help="workload, window and configurations")
+    regress.add_argument("--against", default="latest", metavar="REF",
+                         help="'latest' (default), 'run:<id>' from `workbench history`, or a git commit/revision")  # fmt: skip
+    regress.add_argument("--threshold", type=float, default=0.05,
+                         help="fail when a slowdown's whole interval exceeds this fraction (default 0.05)")  # fmt: skip
+    regress.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default: the suite's)")
+    regress.add_argument("--from-store", action="store_true",
+                         help="check the newest stored trials instead of measuring now")  # fmt: skip
+    regress.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when present)")
+    regress.add_argument("--timeout", type=float, default=None, metavar="S", help="as for `run`")
+    _add_store_arg(regress, saving=True)
+    regress.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    regress.add_argument("--quiet", action="store_true", help="no progress line")
+    regress.set_defaults(handler=_cmd_regress)
     return parser
+
+
+def _add_store_arg(p: argparse.ArgumentParser, saving: bool = False) -> None:
+    p.add_argument("--store", default=None, metavar="PATH",
+                   help="run history file (default: $WORKBENCH_STORE, else the user data dir)")  # fmt: skip
+    if saving:
+        p.add_argument("--no-store", action="store_true", help="do not save the trials to the run history")
+
+
+def _store_arg(args: argparse.Namespace) -> Any:
+    """The API's `store=` for these flags: None with --no-store, a path with --store, else the default."""
+    from workbench.store import DEFAULT_STORE
+
+    if getattr(args, "no_store", False):
+        return None
+    return args.store or DEFAULT_STORE
 
 
 def _add_trial_args(p: argparse.ArgumentParser) -> None:
@@ -109,19 +167,24 @@ def _config(overrides: Sequence[str], base: TrainConfig | None = None) -> TrainC
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from workbench.measure import run_trial
+    from workbench.api import run_and_store
     from workbench.progress import ProgressLine
 
     config = _config(args.overrides)
     with ProgressLine(enabled=not args.quiet and not args.json) as progress:
-        result = run_trial(args.workload, config, warmup=args.warmup, steps=args.steps, device=args.device,
-                           preset=args.preset, on_event=progress, timeout_s=args.timeout)  # fmt: skip
+        result = run_and_store(args.workload, config, warmup=args.warmup, steps=args.steps, device=args.device,
+                               preset=args.preset, on_event=progress, timeout_s=args.timeout,
+                               store=_store_arg(args), profile=args.profile)  # fmt: skip
     if args.json:
         print(result.to_json(indent=2))
     else:
         from workbench.report import run_summary
 
         print(run_summary(result))
+        if args.profile:
+            from workbench.analysis.diagnose import diagnose_trial
+
+            print("\n" + diagnose_trial(result).to_text(result))
     return 0 if result.ok else EXIT_FAILED_TRIAL
 
 
@@ -134,7 +197,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     with ProgressLine(enabled=not args.quiet and not args.json) as progress:
         outcome = run_comparison(args.workload, baseline, candidates, repeats=args.repeats, warmup=args.warmup,
                                  steps=args.steps, device=args.device, preset=args.preset, on_event=progress,
-                                 timeout_s=args.timeout)  # fmt: skip
+                                 timeout_s=args.timeout, store=_store_arg(args))  # fmt: skip
     if args.json:
         print(json.dumps(outcome.to_dict(), indent=2))
     else:
@@ -200,6 +263,79 @@ def _cmd_capabilities(args: argparse.Namespace) -> int:
             rows.append([f"{name}={value}", mark, availability["reason"]])
     print(table(["toggle", "available", "reason / note"], rows))
     return 0
+
+
+def _cmd_history(args: argparse.Namespace) -> int:
+    from datetime import datetime
+    from pathlib import Path
+
+    from workbench.store import Store, default_store_path
+    from workbench.store.text import format_history
+
+    if args.limit < 1:
+        raise UsageError(f"--limit must be >= 1, got {args.limit}")
+    try:
+        since = datetime.strptime(args.since, "%Y-%m-%d").timestamp() if args.since else None
+    except ValueError:
+        raise UsageError(f"--since must be a date YYYY-MM-DD, got '{args.since}'") from None
+    config = _config([args.config]) if args.config is not None else None
+    path = args.store or default_store_path()
+    if path is None:
+        raise UsageError("the run history is off (WORKBENCH_STORE=off); pass --store PATH")
+    if not Path(path).exists():
+        print("[]" if args.json else f"no runs stored yet (history: {path})")
+        return 0
+    with Store(path, create=False) as store:
+        rows = store.history(workload=args.workload, config=config, commit=args.commit, since=since, limit=args.limit)
+    print(json.dumps([r.to_dict() for r in rows], indent=2) if args.json else format_history(rows, store.path))
+    return 0
+
+
+def _cmd_regress(args: argparse.Namespace) -> int:
+    """Measure (or read) the suite, find each configuration's reference, gate on the report."""
+    from pathlib import Path
+
+    from workbench.analysis.regress import Baseline, check_regressions, format_report, load_suite
+    from workbench.store import default_store_path, opened_store, parse_reference
+    from workbench.store.reference import describe_trials, find_baselines, stored_current
+
+    suite = load_suite(args.suite)
+    repeats = suite.repeats if args.repeats is None else args.repeats
+    if repeats < 1:
+        raise UsageError(f"--repeats must be >= 1, got {repeats}")
+    if not 0 <= args.threshold < 10:
+        raise UsageError(f"--threshold must be a fraction such as 0.05 (5%), got {args.threshold}")
+    saving = not args.no_store and not args.from_store
+    path = args.store or default_store_path()
+    if path is not None and not saving and not Path(path).exists():
+        path = None  # nothing stored yet, and nothing to save: no file is created
+    if args.from_store and path is None:
+        raise UsageError(f"--from-store reads the run history, but there is none ({args.store or 'WORKBENCH_STORE'})")
+    with opened_store(path, create=saving) as store:
+        reference = parse_reference(args.against, store)
+        if args.from_store:
+            assert store is not None
+            stored = stored_current(suite, store)
+            found = find_baselines(suite, reference, store, None, current=stored)
+            current = {name: [t.result for t in trials] for name, trials in stored.items()}
+        else:
+            from workbench.api import run_trials
+            from workbench.fingerprint import environment_fingerprint
+            from workbench.progress import ProgressLine
+
+            # References first: the trials measured now are saved to this same store.
+            found = find_baselines(suite, reference, store, environment_fingerprint(args.device))
+            with ProgressLine(enabled=not args.quiet and not args.json) as progress:
+                runs = run_trials(suite.workload, [c.config for c in suite.configurations], repeats=repeats,
+                                  labels=[c.name for c in suite.configurations], kind="regress", run_label=suite.name,
+                                  store=store if saving else None, warmup=suite.warmup, steps=suite.steps,
+                                  device=args.device, preset=suite.preset, on_event=progress,
+                                  timeout_s=args.timeout)  # fmt: skip
+            current = {c.name: r for c, r in zip(suite.configurations, runs)}
+    baselines = {name: Baseline(describe_trials(t), [x.result for x in t]) if t else None for name, t in found.items()}
+    report = check_regressions(suite, current, baselines, against=reference.describe(), threshold=args.threshold)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else format_report(report))
+    return report.exit_code
 
 
 if __name__ == "__main__":

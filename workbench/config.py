@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -26,6 +27,9 @@ MatmulPrecision = Literal["highest", "high", "medium"]
 OptimizerName = Literal["adamw", "sgd"]
 OptimizerImpl = Literal["for-loop", "foreach", "fused"]
 AttentionBackend = Literal["auto", "math", "efficient", "flash", "cudnn"]
+Strategy = Literal["none", "ddp", "fsdp2"]
+CommHook = Literal["none", "fp16", "bf16"]
+FsdpParamDtype = Literal["fp32", "bf16"]
 
 #: compile modes that capture CUDA graphs themselves (cudagraph trees).
 COMPILE_MODES_WITH_CUDA_GRAPHS = ("reduce-overhead", "max-autotune")
@@ -99,6 +103,45 @@ class TrainConfig:
 
     seed: int = 0
     """Seed for model initialisation and data: equal seeds give equal batches and losses."""
+
+    strategy: Strategy = "none"
+    """Data parallelism: 'none' (one process), 'ddp' (DistributedDataParallel: every rank holds the
+    whole model, gradients are all-reduced in buckets during backward) or 'fsdp2' (fully_shard:
+    parameters, gradients and optimizer state are sharded, gathered per block when needed).
+    Distributed trials run through torchrun; batch_size is then the GLOBAL batch, split evenly."""
+
+    nproc_per_node: int = 1
+    """Ranks (processes) per node: one per GPU on CUDA, a few gloo ranks on CPU."""
+
+    rdzv_endpoint: str = ""
+    """'HOST:PORT' of torchrun's c10d rendezvous (the first node); needed when nnodes > 1.
+    Empty on one node: torchrun --standalone picks a free local port."""
+
+    nnodes: int = 1
+    """Nodes taking part; each runs the same torchrun command (see `workbench.export.to_command`)."""
+
+    ddp_bucket_cap_mb: float | None = None
+    """DDP gradient bucket size in MB; None keeps PyTorch's 25. Smaller buckets start the
+    all-reduce earlier in backward (more overlap) but pay more per-message latency."""
+
+    ddp_gradient_as_bucket_view: bool = False
+    """Gradients are views into DDP's flat buckets: saves one gradient copy per step and its memory."""
+
+    ddp_static_graph: bool = False
+    """Promise DDP the set of used parameters never changes: it can skip the unused-parameter
+    search and reorder buckets after the first step (also needed for reentrant checkpointing)."""
+
+    comm_hook: CommHook = "none"
+    """DDP gradient compression before the all-reduce: fp16 or bf16 halves the bytes sent. bf16
+    needs NCCL (GPUs): PyTorch refuses the bf16 hook on gloo."""
+
+    fsdp_reshard_after_forward: bool = True
+    """FSDP2: free each block's gathered parameters after its forward (gather again in backward):
+    less memory, one more all-gather per block; False keeps them until backward."""
+
+    fsdp_param_dtype: FsdpParamDtype = "fp32"
+    """FSDP2 mixed-precision policy: dtype parameters are gathered and computed in (gradients are
+    reduced in fp32). bf16 halves all-gather bytes; BatchNorm layers stay fp32 and need amp=bf16."""
 
     extra: dict[str, Any] = field(default_factory=dict, compare=True, hash=False)
     """Workload options passed to the workload factory (e.g. {'sample_cost_ms': 5})."""
@@ -264,7 +307,7 @@ def parse_value(name: str, raw: str) -> Any:
             return int(raw)
         except ValueError:
             raise ConfigError(f"{name} must be an integer, got '{raw}'") from None
-    if hint is float:
+    if hint is float or float in args:
         try:
             return float(raw)
         except ValueError:
@@ -319,6 +362,11 @@ def _check_numbers(cfg: TrainConfig) -> None:
     _check_int("num_workers", cfg.num_workers, 0)
     _check_int("prefetch_factor", cfg.prefetch_factor, 1, allow_none=True)
     _check_int("seed", cfg.seed, 0)
+    _check_int("nproc_per_node", cfg.nproc_per_node, 1)
+    _check_int("nnodes", cfg.nnodes, 1)
+    cap = cfg.ddp_bucket_cap_mb
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < math.inf):
+        raise ConfigError(f"ddp_bucket_cap_mb must be a positive number of MB (or none for 25), got {cap!r}")
     if isinstance(cfg.lr, bool) or not isinstance(cfg.lr, (int, float)) or not cfg.lr > 0:
         raise ConfigError(f"lr must be a positive number, got {cfg.lr!r}")
 
@@ -351,6 +399,64 @@ def _check_combinations(cfg: TrainConfig) -> None:
         raise ConfigError("prefetch_factor needs num_workers > 0; set num_workers=2 (or more) or drop prefetch_factor")
     if cfg.num_workers == 0 and cfg.persistent_workers:
         raise ConfigError("persistent_workers needs num_workers > 0; set num_workers=2 (or more)")
+    _check_distributed(cfg)
+
+
+#: Fields that only mean something under one strategy, with their defaults.
+_DDP_FIELDS: dict[str, Any] = {
+    "ddp_bucket_cap_mb": None,
+    "ddp_gradient_as_bucket_view": False,
+    "ddp_static_graph": False,
+    "comm_hook": "none",
+}
+_FSDP_FIELDS: dict[str, Any] = {"fsdp_reshard_after_forward": True, "fsdp_param_dtype": "fp32"}
+
+
+def _check_distributed(cfg: TrainConfig) -> None:
+    """Distributed fields: each belongs to a strategy, and a world needs a way to meet."""
+    if not isinstance(cfg.rdzv_endpoint, str):
+        raise ConfigError(f"rdzv_endpoint must be a 'HOST:PORT' string, got {cfg.rdzv_endpoint!r}")
+    if cfg.strategy == "none":
+        for name, default in {"nproc_per_node": 1, "nnodes": 1, "rdzv_endpoint": ""}.items():
+            if getattr(cfg, name) != default:
+                raise ConfigError(
+                    f"{name}={getattr(cfg, name)} needs a distributed strategy; set strategy=ddp (or fsdp2)"
+                )
+    for fields, owner in ((_DDP_FIELDS, "ddp"), (_FSDP_FIELDS, "fsdp2")):
+        for name, default in fields.items():
+            if getattr(cfg, name) != default and cfg.strategy != owner:
+                raise ConfigError(
+                    f"{name}={getattr(cfg, name)} applies to strategy={owner} only (this config has "
+                    f"strategy={cfg.strategy}); set strategy={owner} or drop {name}"
+                )
+    if cfg.rdzv_endpoint:
+        host, _, port = cfg.rdzv_endpoint.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(
+                f"rdzv_endpoint={cfg.rdzv_endpoint!r} is not HOST:PORT; give the first node's address, "
+                "e.g. rdzv_endpoint=node0.cluster:29500"
+            )
+    if cfg.nnodes > 1 and not cfg.rdzv_endpoint:
+        raise ConfigError(
+            f"nnodes={cfg.nnodes} needs rdzv_endpoint=HOST:PORT: the first node's address, where "
+            "torchrun's c10d rendezvous meets (e.g. rdzv_endpoint=node0:29500)"
+        )
+    if cfg.strategy == "none":
+        return
+    if cfg.cuda_graphs:
+        raise ConfigError(
+            f"cuda_graphs with strategy={cfg.strategy} is not supported (collectives inside a captured "
+            "graph need NCCL graph-safe setup the workbench does not do); turn one of them off"
+        )
+    if cfg.grad_accumulation > 1:
+        raise ConfigError(
+            f"grad_accumulation > 1 with strategy={cfg.strategy} is not supported yet (every micro-batch "
+            "would synchronize gradients); raise batch_size instead, it is the global batch"
+        )
+    if cfg.fsdp_param_dtype == "bf16" and cfg.amp == "fp16":
+        raise ConfigError(
+            "fsdp_param_dtype=bf16 with amp=fp16 computes in two half dtypes at once; use amp=bf16 (or fp32)"
+        )
 
 
 def _copy(value: Any) -> Any:

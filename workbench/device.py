@@ -132,11 +132,18 @@ def _capabilities_cached(device_str: str) -> dict[str, dict[Any, Availability]]:
         "optimizer_impl",
         "attention_backend",
         "pin_memory",
+        "strategy",
+        "comm_hook",
+        "fsdp_param_dtype",
     ):
         choices = field_choices(name) or ()
         caps[name] = {value: _availability(name, value, dev) for value in choices}
     for name in ("compile_fullgraph", "channels_last", "activation_checkpointing", "optimizer", "persistent_workers"):
         caps[name] = dict.fromkeys(field_choices(name) or (), ALWAYS)
+    for name in ("ddp_gradient_as_bucket_view", "ddp_static_graph", "fsdp_reshard_after_forward"):
+        caps[name] = dict.fromkeys(field_choices(name) or (), ALWAYS)
+    # World sizes are integers, not choices: list the usual ones for a control to offer.
+    caps["nproc_per_node"] = {n: world_size_availability(n, dev) for n in WORLD_SIZES_SHOWN}
     return caps
 
 
@@ -149,6 +156,10 @@ def check_config(config: TrainConfig, device: str | torch.device | None = None) 
         availability = table.get(value)
         if availability is not None and not availability.available:
             raise ConfigError(f"{name}={value} is not available on {dev}: {availability.reason}")
+    if config.strategy != "none":
+        world = world_size_availability(config.nproc_per_node, dev)
+        if not world.available:
+            raise ConfigError(f"nproc_per_node={config.nproc_per_node} is not available on {dev}: {world.reason}")
     if config.compile != "off" and config.compile_backend not in _known_backends():
         raise ConfigError(
             f"compile_backend '{config.compile_backend}' is not registered; choose one of: {', '.join(_known_backends())}"
@@ -274,6 +285,77 @@ def _pin_memory(value: bool, dev: torch.device) -> Availability:
     return Availability(False, "pinned memory speeds host-to-GPU copies; there is no GPU to copy to")
 
 
+WORLD_SIZES_SHOWN = (1, 2, 4, 8)
+"""nproc_per_node values `capabilities()` lists; `check_config` judges any value."""
+
+CPU_RANKS_MAX_FLOOR = 2
+"""Gloo ranks allowed on CPU even with fewer cores: the smallest world that exercises the real path."""
+
+
+def distributed_backend(dev: torch.device) -> str:
+    """The collective backend for a device type: NCCL between GPUs, gloo between CPU processes."""
+    return "nccl" if dev.type == "cuda" else "gloo"
+
+
+def world_size_availability(nproc: int, dev: torch.device) -> Availability:
+    """Can this node run `nproc` ranks? One GPU per rank on CUDA; a small gloo world on CPU."""
+    if dev.type == "cuda":
+        import torch
+
+        count = torch.cuda.device_count()
+        if nproc > count:
+            return Availability(False, f"this machine has {count} CUDA device(s); each rank needs its own GPU")
+        return ALWAYS
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    limit = max(CPU_RANKS_MAX_FLOOR, cores)
+    if nproc > limit:
+        return Availability(
+            False,
+            f"{nproc} gloo ranks on {cores} CPU core(s) would time-share cores; the step times would mean nothing",
+        )
+    return Availability(True, "gloo ranks on CPU cores, one thread each: shows the mechanics, not GPU speed")
+
+
+def _strategy(value: str, dev: torch.device) -> Availability:
+    if value == "none":
+        return ALWAYS
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return Availability(False, "this PyTorch build has no torch.distributed")
+    backend = distributed_backend(dev)
+    if not (dist.is_nccl_available() if backend == "nccl" else dist.is_gloo_available()):
+        return Availability(False, f"this PyTorch build has no {backend} backend")
+    if value == "fsdp2" and importlib.util.find_spec("torch.distributed.fsdp") is None:
+        return Availability(False, "FSDP2 (torch.distributed.fsdp.fully_shard) needs torch >= 2.6")
+    return ALWAYS
+
+
+def _comm_hook(value: str, dev: torch.device) -> Availability:
+    if value == "bf16" and distributed_backend(dev) != "nccl":
+        return Availability(
+            False,
+            "DDP's bf16_compress_hook requires CUDA 11+ and NCCL 2.10+; PyTorch refuses it on gloo: use comm_hook=fp16",
+        )
+    if value == "bf16":
+        import torch
+
+        version = tuple(torch.cuda.nccl.version()) if torch.distributed.is_nccl_available() else ()
+        if version < (2, 10):
+            return Availability(False, f"DDP's bf16_compress_hook needs NCCL 2.10+, this build has {version or 'none'}")
+    if value == "fp16" and dev.type == "cpu":
+        return Availability(True, "on CPU the casts cost about what the halved bytes save over local gloo")
+    return ALWAYS
+
+
+def _fsdp_param_dtype(value: str, dev: torch.device) -> Availability:
+    import torch
+
+    if value == "bf16" and dev.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return Availability(False, "this GPU has no bfloat16 support (needs compute capability 8.0+)")
+    return ALWAYS
+
+
 _PROBES: dict[str, Any] = {
     "amp": _amp,
     "compile": _compile,
@@ -282,6 +364,9 @@ _PROBES: dict[str, Any] = {
     "optimizer_impl": _optimizer_impl,
     "attention_backend": _attention_backend,
     "pin_memory": _pin_memory,
+    "strategy": _strategy,
+    "comm_hook": _comm_hook,
+    "fsdp_param_dtype": _fsdp_param_dtype,
 }
 
 

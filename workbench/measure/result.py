@@ -59,6 +59,16 @@ class TrialResult:
     diverged_step: int | None = None
     worker_pid: int | None = None
     """The process that ran the trial (a fresh worker per trial under process isolation)."""
+    memory_modules: dict[str, dict[str, int]] | None = None
+    """Per-module memory from the tracked step: {qualified name: {parameters, activations, peak}}."""
+    profile: dict[str, Any] | None = None
+    """The profiled window's summary (`measure.profile.ProfileSummary.to_dict()`) when asked for."""
+    rank_step_ms: list[list[float]] = field(default_factory=list)
+    """Distributed trials: every rank's timed-window step times, indexed by global rank (stragglers
+    show here; `step_ms` holds rank 0's). Empty for single-process trials."""
+    distributed: dict[str, Any] | None = None
+    """Distributed trials: strategy, backend, world size, per-rank compute/communication/overlap from
+    the profiled window, all-reduce bandwidth and rank skew (`workbench.distributed.stats`)."""
 
     # --- derived figures -----------------------------------------------------------
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from workbench.config import ConfigError, TrainConfig
 from workbench.measure.events import EventSink, StepMeasured, TrialFinished, TrialStarted
 from workbench.measure.memory import MemoryReading, read_cuda_peak, reset_cuda_peak, track_step_memory
+from workbench.measure.profile import ProfileOptions
 from workbench.measure.result import TrialResult
 from workbench.measure.timing import make_clock, synchronize
 from workbench.workloads import Workload, WorkloadError, load_workload
@@ -50,6 +51,7 @@ def run_trial(
     isolation: Isolation = "process",
     timeout_s: float | None = None,
     memory_limit_bytes: int | None = None,
+    profile: bool | ProfileOptions = False,
 ) -> TrialResult:
     """Measure `steps` training steps of `workload` under `config`, after `warmup` untimed steps.
 
@@ -61,15 +63,26 @@ def run_trial(
     the caller, and each trial starts with clean allocator and compile caches. 'inline'
     runs in this process, for debugging; it cannot enforce `timeout_s` or a memory limit.
     `memory_limit_bytes` caps the worker's address space (CPU out-of-memory → status 'oom').
+    `profile=True` (or `ProfileOptions`) adds a torch.profiler window *after* the timed window
+    (its figures never touch the step statistics): trace file, top operators, phase shares,
+    overhead figures and host-sync sites land in `result.profile`.
     """
     config = config or TrainConfig()
     _check_window(warmup, steps)
+    profile_options = ProfileOptions.coerce(profile)
+    if config.strategy != "none":
+        return _run_distributed(
+            workload, config, warmup=warmup, steps=steps, device=device, preset=preset, on_event=on_event,
+            cancel=cancel, isolation=isolation, timeout_s=timeout_s, memory_limit_bytes=memory_limit_bytes,
+            profile=profile_options,
+        )  # fmt: skip
     if isolation == "process":
         from workbench.measure.worker import run_in_worker
 
         return run_in_worker(
             workload, config, warmup=warmup, steps=steps, device=device, preset=preset, on_event=on_event,
             track_memory=track_memory, cancel=cancel, timeout_s=timeout_s, memory_limit_bytes=memory_limit_bytes,
+            profile=profile_options,
         )  # fmt: skip
     if isolation != "inline":
         raise ConfigError(f"isolation must be 'process' or 'inline', got {isolation!r}")
@@ -77,8 +90,27 @@ def run_trial(
         raise ConfigError("timeout_s and memory_limit_bytes need isolation='process' (a thread cannot be killed)")
     return run_trial_inline(
         workload, config, warmup=warmup, steps=steps, device=device, preset=preset, on_event=on_event,
-        track_memory=track_memory, cancel=cancel,
+        track_memory=track_memory, cancel=cancel, profile=profile_options,
     )  # fmt: skip
+
+
+def _run_distributed(
+    workload: Workload | str, config: TrainConfig, *, isolation: str, profile: Any, **options: Any
+) -> TrialResult:
+    """strategy=ddp/fsdp2: torchrun processes (`workbench.distributed`), always isolated from the caller."""
+    if isolation != "process":
+        raise ConfigError(
+            f"strategy={config.strategy} always runs in torchrun processes; isolation='inline' is for "
+            "single-process debugging (set strategy=none, or isolation='process')"
+        )
+    if profile is not None:
+        raise ConfigError(
+            f"profile is not available with strategy={config.strategy} yet; a distributed trial always "
+            "profiles a short window itself (compute vs communication in result.distributed)"
+        )
+    from workbench.distributed import run_distributed_trial
+
+    return run_distributed_trial(workload, config, **options)
 
 
 def run_trial_inline(
@@ -92,6 +124,7 @@ def run_trial_inline(
     on_event: EventSink | None,
     track_memory: bool,
     cancel: threading.Event | None,
+    profile: ProfileOptions | dict[str, Any] | None = None,
 ) -> TrialResult:
     """The trial itself, in this process (the worker process calls this too)."""
     import torch
@@ -127,7 +160,7 @@ def run_trial_inline(
         _check_cancel(cancel)
         train_step = build(wl, config, dev)
         result.applied = [{"toggle": a.toggle, "value": a.value, "detail": a.detail} for a in train_step.applied]
-        _run_window(train_step, wl, config, result, emit, cancel, track_memory)
+        _run_window(train_step, wl, config, result, emit, cancel, track_memory, ProfileOptions.coerce(profile))
     except (ConfigError, WorkloadError):
         raise
     except TrialCancelled:
@@ -167,6 +200,7 @@ def _run_window(
     emit: EventSink,
     cancel: threading.Event | None,
     track_memory: bool,
+    profile: ProfileOptions | None = None,
 ) -> None:
     dev = train_step.device
     batches = workload.batches(config)
@@ -216,6 +250,10 @@ def _run_window(
             reading.method,
             reading.breakdown,
         )
+        result.memory_modules = reading.modules
+    if profile is not None and result.status == "ok":
+        _check_cancel(cancel)
+        _profile_after_window(train_step, batches, config, result, profile)
 
 
 def _one_step(
@@ -260,6 +298,21 @@ def _read_memory(train_step: TrainStep, batches: Iterator[Any], config: TrainCon
         _one_step(train_step, batches, config, clock=None)
 
     return track_step_memory(train_step.model, train_step.optimizer, extra_step)
+
+
+def _profile_after_window(
+    train_step: TrainStep, batches: Iterator[Any], config: TrainConfig, result: TrialResult, options: ProfileOptions
+) -> None:
+    """The profiled window, after everything timed. On CUDA one more step runs under the tensor
+    tracker for the per-category and per-module split (the allocator's peak stays the figure)."""
+    from workbench.measure.profile import profile_window
+
+    if train_step.device.type == "cuda" and config.compile == "off" and not config.cuda_graphs:
+        reading = track_step_memory(
+            train_step.model, train_step.optimizer, lambda: _one_step(train_step, batches, config, clock=None)
+        )
+        result.memory_breakdown, result.memory_modules = reading.breakdown, reading.modules
+    result.profile = profile_window(train_step, batches, config, options, result.trial_id).to_dict()
 
 
 def _samples_per_step(workload: Workload, config: TrainConfig) -> int:

@@ -39,6 +39,7 @@ def run_in_worker(
     cancel: threading.Event | None,
     timeout_s: float | None,
     memory_limit_bytes: int | None,
+    profile: Any = None,
 ) -> TrialResult:
     """`run_trial(isolation='process')`: the parent side."""
     from workbench.device import check_config, resolve_device
@@ -51,11 +52,15 @@ def run_in_worker(
     check_config(config, dev)  # refuse bad input here, before paying for a process
     payload = _payload(workload, preset, config)
     options = {"warmup": warmup, "steps": steps, "device": str(dev), "preset": preset, "track_memory": track_memory}
+    if profile is not None:  # ProfileOptions travels as a dict of plain values
+        options["profile"] = profile.to_dict()
 
     context = multiprocessing.get_context("spawn")
     receiver, sender = context.Pipe(duplex=False)
+    # Not a daemon: a daemonic process may not start children, and a trial with num_workers > 0
+    # starts DataLoader workers. The `finally` below ends the worker whatever happens.
     process = context.Process(
-        target=_worker_main, args=(sender, payload, config.to_dict(), options, memory_limit_bytes), daemon=True
+        target=_worker_main, args=(sender, payload, config.to_dict(), options, memory_limit_bytes), daemon=False
     )
     process.start()
     sender.close()  # the parent keeps only the reading end, so EOF means the worker is gone

@@ -19,6 +19,7 @@ from workbench.optimizations.attention import apply_attention_backend
 from workbench.optimizations.checkpointing import apply_activation_checkpointing
 from workbench.optimizations.compile import apply_compile
 from workbench.optimizations.cuda_graphs import CudaGraphStep, apply_cuda_graphs
+from workbench.optimizations.distributed import apply_data_parallel
 from workbench.optimizations.memory_format import apply_channels_last, to_channels_last
 from workbench.optimizations.optimizer import apply_optimizer
 from workbench.optimizations.precision import apply_matmul_precision
@@ -55,6 +56,13 @@ def build(workload: Workload, config: TrainConfig, device: str | torch.device | 
                 workload.name,
             )
         )
+    # 2b. data parallelism (strategy=ddp/fsdp2): after checkpointing, whose wrapped forwards the
+    #     shards must contain; before the optimizer, because FSDP2 swaps the parameters for sharded
+    #     DTensors; before compile, so dynamo traces the wrapped forward (DDP: wrap, then compile).
+    runnable: nn.Module = model
+    if config.strategy != "none":
+        runnable, record = apply_data_parallel(model, config, dev, workload.checkpoint_target)
+        applied.append(record)
     # 3. optimizer once the model is final, so it holds the parameters that train. CUDA graphs
     #    need capturable Adam(W) (step counter on the device), so that is decided here already.
     optimizer, record = apply_optimizer(
@@ -75,9 +83,8 @@ def build(workload: Workload, config: TrainConfig, device: str | torch.device | 
     applied.extend(r for r in (amp_record, precision_record, attention_record) if r is not None)
     # 6. compile last among module changes: it traces the final forward, and the contexts of
     #    steps 4-5 are active at trace time, so they are compiled in.
-    runnable: nn.Module = model
     if config.compile != "off":
-        runnable, record = apply_compile(model, config)
+        runnable, record = apply_compile(runnable, config)
         applied.append(record)
     step = TrainStep(workload, config, dev, runnable, model, optimizer, scaler, applied, autocast, precision, attention)
     # 7. CUDA graphs capture the step exactly as it finally runs (compiled, checkpointed, AMP).

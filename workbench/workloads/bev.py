@@ -259,9 +259,12 @@ class BevPerceptionModel(nn.Module):
         # Collapsing a column with a learned map over (channels × rows) keeps the row a blob
         # sits on, which is what tells its range (as in OFT / PON column encoders).
         self.lift = nn.Linear(out * feat_h, size.depth_bins + size.bev_channels)
+        # Geometry is computed on the CPU, then placed like the parameters: built inside
+        # `with torch.device("cuda"):` the buffers must be on the GPU too.
         index, inverse_counts = splat_geometry(rig, columns, size.depth_bins, size.grid)
-        self.register_buffer("splat_index", index, persistent=False)
-        self.register_buffer("splat_scale", inverse_counts, persistent=False)
+        device = torch.get_default_device()
+        self.register_buffer("splat_index", index.to(device), persistent=False)
+        self.register_buffer("splat_scale", inverse_counts.to(device), persistent=False)
         channels = size.bev_channels
         self.bev_encoder = nn.Sequential(
             res_stage(channels, channels, size.bev_blocks // 2, stride=1),
