@@ -294,3 +294,22 @@ def test_cli_run_with_profile_prints_the_diagnosis(capsys: pytest.CaptureFixture
                  "--profile", "--quiet", "--no-store"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "Diagnosis — primary: Data loading bound" in out and "top operators" in out
+
+
+def test_a_sync_bound_distributed_trial_is_diagnosed_with_ddp_recommendations() -> None:
+    """Per-rank figures of a torchrun trial where 40% of the step is exposed communication."""
+    config = TrainConfig(strategy="ddp", nproc_per_node=2, batch_size=16)
+    result = TrialResult(
+        trial_id="ddp", status="ok", workload="e2e-planner", config=config.to_dict(), step_ms=[100.0] * 5,
+        samples_per_step=16, device={"type": "cpu", "name": "cpu"},
+        distributed={"comm_share": 0.4, "hidden_share": 0.1, "exposed_comm_ms": 40.0, "comm_ms": 44.0,
+                     "step_ms": 100.0, "world_size": 2, "backend": "gloo", "strategy": "ddp"},
+    )  # fmt: skip
+    findings = [f for f in diagnose(result).findings if f.kind == "distributed"]
+    assert [f.title for f in findings] == ["distributed synchronization bound"]
+    assert findings[0].score == 0.4 and "40.0 ms" in findings[0].summary
+    first = findings[0].recommendations[0]
+    assert first.rank == 1 and "ddp_bucket_cap_mb" in first.changes
+    assert first.apply(config).ddp_bucket_cap_mb == 5.0
+    balanced = TrialResult(**{**result.__dict__, "distributed": {**result.distributed, "comm_share": 0.05}})
+    assert not [f for f in diagnose(balanced).findings if f.kind == "distributed"]

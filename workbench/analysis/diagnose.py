@@ -27,7 +27,7 @@ from workbench.analysis.recommend import Recommendation
 from workbench.config import TrainConfig
 from workbench.measure.result import TrialResult
 
-Kind = Literal["data", "overhead", "sync", "compute", "memory-bandwidth", "memory"]
+Kind = Literal["data", "overhead", "sync", "compute", "memory-bandwidth", "memory", "distributed"]
 Severity = Literal["bottleneck", "info"]
 
 #: Data phase share of the step above which loading is the bottleneck (a quarter of every step idle).
@@ -145,12 +145,44 @@ def diagnose(result: TrialResult, flops: FlopCount | int | None = None) -> Diagn
         _syncs(ctx, profile),
         _memory(ctx, result),
         *_kernels(ctx, profile, mfu, phases),
+        *_distributed(result),
     ]
     kept = [f for f in findings if f is not None]
     kept.sort(key=lambda f: (f.severity != "bottleneck", -f.score))
     if profile.get("syncs", {}).get("error"):
         notes.append(f"sync scan failed: {profile['syncs']['error']}")
     return Diagnosis(result.trial_id, kept, mfu, notes)
+
+
+def _distributed(result: TrialResult) -> list[Finding]:
+    """Distributed synchronization and straggler findings, from the per-rank figures of a torchrun trial."""
+    from workbench.distributed.stats import distributed_findings
+
+    expected = {
+        "sync_bound": "less communication exposed on the step's critical path",
+        "straggler": "the other ranks stop waiting for the slowest one",
+    }
+    return [
+        Finding(
+            kind="distributed",
+            severity="bottleneck",
+            title=found.title,
+            summary=found.detail,
+            evidence=found.evidence,
+            score=found.severity,
+            recommendations=[
+                recommend.Recommendation(
+                    title=rec.text,
+                    changes=dict(rec.changes),
+                    expected=expected.get(found.kind, ""),
+                    why=found.detail,
+                    rank=rank,
+                )
+                for rank, rec in enumerate(found.recommendations, start=1)
+            ],
+        )
+        for found in distributed_findings(result)
+    ]
 
 
 def ctx_device_name(result: TrialResult) -> str:
