@@ -1,0 +1,354 @@
+"""The notebook app, driven the way a user drives it: set toggles, click buttons, read what it shows.
+
+Trials really run (worker processes, small models); assertions read the widgets' values and
+the charts' ColumnDataSources — what the browser would receive.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from workbench.config import TrainConfig, field_choices, field_doc, field_names
+from workbench.device import capabilities
+from workbench.workloads import Workload
+
+pytest.importorskip("ipywidgets")
+pytest.importorskip("jupyter_bokeh")
+
+from workbench.ui import Workbench
+from workbench.ui.controls import UNAVAILABLE_MARK, ChoiceControl, TextControl
+
+
+class Toy(nn.Module):
+    """A tiny model; `sleep_s` per forward makes a trial last; raises under autocast when told."""
+
+    def __init__(self, sleep_s: float = 0.0, fail_under_autocast: bool = False) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 1)
+        self.sleep_s, self.fail_under_autocast = sleep_s, fail_under_autocast
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.sleep_s)
+        if self.fail_under_autocast and torch.is_autocast_enabled("cpu"):
+            raise ValueError("this model refuses autocast: bad dtype in user code")
+        return self.linear(x)
+
+
+def toy(sleep_s: float = 0.0, fail_under_autocast: bool = False) -> Workload:
+    return Workload.from_callables(
+        model_fn=lambda: Toy(sleep_s, fail_under_autocast),
+        batch_fn=lambda n, g: (torch.randn(n, 8, generator=g), torch.randn(n, 1, generator=g)),
+        loss_fn=lambda out, batch: nn.functional.mse_loss(out, batch[1]),
+        batch_size=4,
+        name="toy",
+    )
+
+
+@pytest.fixture
+def make_app():
+    apps: list[Workbench] = []
+
+    def make(workload: Any = None, **kwargs: Any) -> Workbench:
+        kwargs.setdefault("warmup", 1)
+        kwargs.setdefault("steps", 4)
+        app = Workbench(workload if workload is not None else toy(), **kwargs)
+        apps.append(app)
+        return app
+
+    yield make
+    for app in apps:
+        app.close()
+
+
+def _text(html_value: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html_value))
+
+
+# --- the generated control panel ------------------------------------------------------
+
+
+def test_panel_has_a_control_for_every_trainconfig_field(make_app) -> None:
+    app = make_app()
+    assert list(app.panel.controls) == field_names()
+    listed = capabilities(app.device)
+    for name, control in app.panel.controls.items():
+        choices = field_choices(name) or (tuple(listed[name]) if name in listed else None)
+        if choices is None:
+            assert isinstance(control, TextControl)
+            continue
+        assert isinstance(control, ChoiceControl)
+        assert [value for _, value in control.buttons.options] == list(choices)
+        assert control.buttons.tooltip == field_doc(name)
+        assert control.value == getattr(TrainConfig(), name)
+    assert app.panel.config() == TrainConfig()
+
+
+def test_unavailable_choices_are_labelled_refused_and_say_why(make_app) -> None:
+    app = make_app()
+    unavailable = [
+        (name, value, avail.reason)
+        for name, table in capabilities(app.device).items()
+        for value, avail in table.items()
+        if not avail.available
+    ]
+    if not unavailable:
+        pytest.skip("every toggle value is available on this device")
+    for name, value, reason in unavailable:
+        control = app.panel[name]
+        assert isinstance(control, ChoiceControl)
+        index = [v for _, v in control.buttons.options].index(value)
+        assert control.buttons.options[index][0].endswith(UNAVAILABLE_MARK)
+        assert reason in control.buttons.tooltips[index]
+        before = control.value
+        control.value = value  # what a click does
+        assert control.value == before, f"{name}={value} was accepted"
+        assert reason.replace("'", "&#x27;") in control.note.value
+        assert reason in app.panel.unavailable.children[0].value.replace("&#x27;", "'")
+
+
+def test_cuda_graphs_shows_its_reason_on_a_cpu_machine(make_app) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("CUDA graphs are available here")
+    app = make_app()
+    app.panel["cuda_graphs"].value = True
+    assert app.panel["cuda_graphs"].value is False
+    assert "CUDA graphs need a CUDA device" in app.panel["cuda_graphs"].note.value
+
+
+def test_an_invalid_combination_is_refused_with_the_config_message(make_app) -> None:
+    app = make_app()
+    app.panel["compile_fullgraph"].value = True  # needs compile on
+    app.run_baseline_button.click()
+    assert "compile_fullgraph/compile_dynamic need compile on" in app.status.value
+    assert app.records == [] and not app.runner.busy
+
+
+def test_text_fields_parse_like_the_cli(make_app) -> None:
+    app = make_app()
+    app.panel["batch_size"].value = 2
+    app.panel["extra"].box.value = "sample_cost_ms=3"
+    app.panel["lr"].box.value = "0.01"
+    config = app.panel.config()
+    assert (config.batch_size, config.extra, config.lr) == (2, {"sample_cost_ms": 3}, 0.01)
+
+
+# --- running, charts, table, export ---------------------------------------------------
+
+
+def test_baseline_and_candidate_fill_charts_table_and_export(make_app) -> None:
+    app = make_app(steps=5)
+    app.run_baseline_button.click()
+    app.panel["amp"].value = "bf16"
+    app.run_candidate_button.click()  # queued behind the baseline: trials never overlap
+    app.wait(timeout=180)
+
+    assert [r.status for r in app.records] == ["ok", "ok"]
+    pids = {r.result.worker_pid for r in app.records}
+    assert os.getpid() not in pids and len(pids) == 2  # each trial in its own worker process
+    starts = sorted((r.result.started_at, r.result.started_at + r.result.wall_time_s) for r in app.records)
+    assert starts[0][1] <= starts[1][0] + 0.5  # one after the other
+
+    points = app.charts.step_points.data
+    assert len(points["step_ms"]) == 10
+    baseline, candidate = app.records
+    assert points["step_ms"][:5] == pytest.approx(baseline.result.step_ms)
+    assert points["step_ms"][5:] == pytest.approx(candidate.result.step_ms)
+    assert app.charts.step_lines.data["label"] == ["baseline: defaults", "candidate 1: amp=bf16"]
+    assert len(app.charts.peak_memory.data["peak_mib"]) == 2
+    assert app.charts.peak_memory.data["peak_mib"][0] == pytest.approx(baseline.result.peak_memory_bytes / 2**20)
+    assert len(app.charts.utilization.data["t"]) > 0  # the monitor sampled during the trials
+
+    table = _text(app.table.value)
+    assert "candidate 1" in table and "amp : fp32 → bf16" in table
+    assert re.search(r"\d+\.\d\d× \[\d+\.\d\d, \d+\.\d\d\]", table)
+    assert re.search(r"faster|slower|no significant difference", table)
+    assert "MiB" in table and "ok" in table
+
+    labels = [label for label, _ in app.export.choice.options]
+    assert labels[0] == "baseline: defaults" and labels[1].startswith("candidate 1: amp=bf16")
+    app.export.choice.value = 1
+    assert "torch.autocast" in app.export.snippet.value and "bfloat16" in app.export.snippet.value
+    payload = re.search(r"base64,([A-Za-z0-9+/=]+)", app.export.download.value).group(1)
+    assert TrainConfig.from_json(base64.b64decode(payload).decode()) == TrainConfig(amp="bf16")
+    assert "navigator.clipboard" in app.export.copy.value
+    assert "Finished" in app.status.value
+
+
+def test_charts_update_while_the_trial_runs(make_app) -> None:
+    app = make_app(toy(sleep_s=0.15), steps=30, refresh_hz=4.0)
+    app.run_baseline_button.click()
+    deadline = time.monotonic() + 120
+    seen: list[int] = []
+    while time.monotonic() < deadline and app.records[0].result is None:
+        seen.append(len(app.charts.step_points.data["step_ms"]))
+        time.sleep(0.25)
+    app.wait(timeout=120)
+    growing = sorted(set(seen) - {0, 30})
+    assert len(growing) >= 3, f"the chart did not grow during the trial: {seen}"
+    assert app.records[0].bar.value == 31 and app.records[0].bar.bar_style == "success"
+
+
+def test_cancel_stops_the_running_trial_and_the_queue(make_app) -> None:
+    app = make_app(toy(sleep_s=0.2), steps=10_000)
+    app.run_baseline_button.click()
+    app.run_candidate_button.click()  # queued
+    deadline = time.monotonic() + 120
+    while app.records[0].steps_done < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not app.cancel_button.disabled
+    begin = time.monotonic()
+    app.cancel_button.click()
+    app.wait(timeout=30)
+    assert time.monotonic() - begin < 15
+    assert [r.status for r in app.records] == ["cancelled", "cancelled"]
+    assert "cancelled" in _text(app.table.value)
+    assert app.cancel_button.disabled
+    app.steps.value = 3
+    app.workload_picker.value = app.workload_picker.options[0][1]
+    assert app.run_baseline() is not None  # the app keeps working after a cancel
+
+
+def test_an_erroring_trial_is_a_readable_row_and_the_app_keeps_working(make_app) -> None:
+    app = make_app(toy(fail_under_autocast=True), steps=3)
+    app.run_baseline_button.click()
+    app.panel["amp"].value = "bf16"
+    app.run_candidate_button.click()
+    app.panel["amp"].value = "fp32"
+    app.panel["seed"].value = 1
+    app.run_candidate_button.click()
+    app.wait(timeout=180)
+    assert [r.status for r in app.records] == ["ok", "error", "ok"]
+    table = _text(app.table.value)
+    assert "error : ValueError: this model refuses autocast: bad dtype in user code" in table
+    assert "failed" in table
+    assert "seed : 0 → 1" in table
+    assert app.records[1].bar.bar_style == "danger"
+
+
+def test_repeats_interleave_candidate_and_baseline(make_app) -> None:
+    app = make_app(steps=3)
+    app.run_baseline_button.click()
+    app.repeats.value = 2
+    app.panel["channels_last"].value = True
+    app.run_candidate_button.click()
+    entry = app.entries[-1]
+    app.wait(timeout=240)
+    order = [r.entry.role for r in sorted(app.records, key=lambda r: r.result.started_at)]
+    assert order == ["baseline", "candidate", "baseline", "candidate"]
+    assert len(entry.results()) == 2 and len(app.entries[0].results()) == 2
+    assert "ok ×2" in _text(app.table.value)
+
+
+def test_candidate_with_a_different_window_than_the_baseline_is_refused(make_app) -> None:
+    app = make_app(steps=3)
+    app.run_baseline_button.click()
+    app.steps.value = 7
+    assert app.run_candidate() is None
+    assert "run a new baseline" in app.status.value
+    app.wait(timeout=120)
+
+
+# --- the race with the browser view, display, export actions --------------------------
+
+
+def test_a_new_view_gets_the_full_state_again(make_app) -> None:
+    """BokehJS sends DocumentReady when a view renders; the app then re-sends every source."""
+    from workbench.ui.charts import TrialSeries
+
+    app = make_app()
+    app.charts.set_trials([TrialSeries(1, "baseline: defaults", "#222", [5.0, 6.0, 7.0], 3 * 2**20)])
+    sent: list[dict[str, Any]] = []
+    model = app.charts.widget
+    model.send = lambda content, buffers=None: sent.append(content)
+    ready = {
+        "event": "jsevent",
+        "kind": "MessageSent",
+        "msg_type": "bokeh_event",
+        "msg_data": {"type": "event", "name": "document_ready", "values": {"type": "map", "entries": []}},
+    }
+    model._sync_model(model, ready, [])
+    assert app.charts.ready_count == 1
+    payloads = " ".join(m.get("payload", "") for m in sent if isinstance(m.get("payload"), str))
+    assert '"step_ms",[5.0,6.0,7.0]' in payloads.replace(" ", "")
+    assert "peak_mib" in payloads
+
+
+def test_displaying_the_app_shows_its_root_widget(make_app, monkeypatch) -> None:
+    import workbench.ui.app as app_module
+
+    loads: list[bool] = []
+    monkeypatch.setattr(app_module, "load_bokehjs", lambda force=False: loads.append(True))
+    app = make_app()
+    bundle = app._repr_mimebundle_()
+    view = bundle["application/vnd.jupyter.widget-view+json"]
+    assert view["model_id"] == app.widget.model_id
+    assert loads == [True]
+
+
+def test_insert_as_next_cell_uses_jupyterlab_commands(make_app) -> None:
+    class Commands:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, Any]] = []
+
+        def execute(self, command: str, args: Any = None) -> None:
+            self.calls.append((command, args))
+
+    class FrontEnd:
+        commands = Commands()
+
+    app = make_app()
+    app.export.snippet.value = "print('hello')"
+    app._frontend = FrontEnd()
+    app.export.insert.click()
+    assert FrontEnd.commands.calls == [
+        ("notebook:insert-cell-below", None),
+        ("notebook:replace-selection", {"text": "print('hello')"}),
+    ]
+    assert "Inserted" in app.export.message.value
+
+
+def test_workload_picker_lists_builtins_and_the_callers_workload(make_app) -> None:
+    from workbench.workloads import builtin_workloads
+
+    mine = toy()
+    app = make_app(mine)
+    values = [v for _, v in app.workload_picker.options]
+    assert values[0] is mine and set(values[1:]) == set(builtin_workloads())
+    assert app.preset_picker.disabled  # a Workload object comes with its own size
+    named = make_app("e2e-planner")
+    assert named.workload_picker.value == "e2e-planner" and not named.preset_picker.disabled
+
+
+def test_the_core_library_imports_without_ui_packages() -> None:
+    """The GPU machine has no Jupyter stack: nothing outside workbench.ui may import it."""
+    code = (
+        "import sys\n"
+        "for name in ('ipywidgets', 'bokeh', 'holoviews', 'jupyter_bokeh', 'ipylab'):\n"
+        "    sys.modules[name] = None  # any import of these now fails\n"
+        "import workbench.api, workbench.cli, workbench.export, workbench.measure.monitor\n"
+        "from workbench.measure.monitor import DeviceMonitor\n"
+        "DeviceMonitor().sample_now()\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_messages_are_html_escaped(make_app) -> None:
+    app = make_app()
+    app.panel["compile"].value = "default"
+    app.panel["compile_backend"].box.value = "<img src=x onerror=alert(1)>"
+    app.run_baseline_button.click()
+    assert "is not registered" in app.status.value
+    assert "<img" not in app.status.value and "&lt;img" in app.status.value

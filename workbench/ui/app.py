@@ -1,0 +1,393 @@
+"""`Workbench`: the notebook app — pick a workload, toggle, run, watch live, compare, export.
+
+Three threads, one direction: trials run in worker processes behind `TrialRunner`;
+their events land in an inbox; one pump thread drains it a few times a second (4 Hz by
+default) and is the only writer of the charts, table, progress bars and export panel.
+Button handlers on the kernel thread only enqueue. So a step never waits for the UI,
+and the UI never waits for a step.
+"""
+
+from __future__ import annotations
+
+import collections
+import html
+import threading
+import time
+from typing import Any
+
+import ipywidgets as widgets
+
+from workbench.analysis.compare import Comparison
+from workbench.config import ConfigError, TrainConfig
+from workbench.device import capabilities, check_config, device_info, resolve_device
+from workbench.measure import StepMeasured, TrialResult, TrialStarted
+from workbench.measure.monitor import DeviceMonitor
+from workbench.ui.charts import TIMELINE_S, LiveCharts, TrialSeries
+from workbench.ui.controls import ConfigPanel
+from workbench.ui.exporter import ExportPanel
+from workbench.ui.layout import build_layout, progress_row, workload_options
+from workbench.ui.runs import Entry, Inbox, RunSpec, TrialRecord, TrialRunner
+from workbench.ui.table import comparison_for, render_table
+from workbench.workloads import PRESETS, Workload
+
+BASELINE_COLOR = "#222222"
+CANDIDATE_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+#: Idle pump wake-up period, and how long the monitor keeps sampling after the last trial.
+IDLE_PERIOD_S = 1.0
+MONITOR_LINGER_S = 5.0
+MAX_PROGRESS_ROWS = 8
+
+
+class Workbench:
+    """The app. Evaluate it in a cell to show it; drive it from code through the same widgets."""
+
+    def __init__(
+        self,
+        workload: Workload | str | None = None,
+        *,
+        preset: str | None = None,
+        device: str | None = None,
+        warmup: int = 3,
+        steps: int = 20,
+        repeats: int = 1,
+        timeout_s: float | None = None,
+        refresh_hz: float = 4.0,
+        monitor_rate_hz: float = 10.0,
+    ) -> None:
+        dev = resolve_device(device)
+        self.device = str(dev)
+        self.device_info = device_info(dev)
+        self.timeout_s = timeout_s
+        self.refresh_period = 1.0 / refresh_hz
+        self.entries: list[Entry] = []
+        self.records: list[TrialRecord] = []
+        self._next_key = 1
+        self._lock = threading.RLock()
+        self._inbox: Inbox = collections.deque()
+        self._wake = threading.Event()
+        self._closed = threading.Event()
+        self._last_busy = 0.0
+
+        self.monitor = DeviceMonitor(monitor_rate_hz, history_s=2 * TIMELINE_S)
+        self.panel = ConfigPanel(capabilities(dev))
+        self.charts = LiveCharts(self.monitor.gpu_names)
+        self.export = ExportPanel(self._insert_cell)
+        self._frontend = _jupyterlab_frontend()
+        self._build_widgets(workload, preset or ("base" if dev.type == "cuda" else "tiny"), warmup, steps, repeats)
+        self.runner = TrialRunner(self._inbox, self._wake.set)
+        self._pump = threading.Thread(target=self._pump_loop, name="workbench-ui-pump", daemon=True)
+        self._pump.start()
+
+    # --- display ---------------------------------------------------------------------
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        load_bokehjs()
+        display(self.widget)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        load_bokehjs()
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    # --- actions (buttons call these; so can code) -----------------------------------
+
+    def run_baseline(self, config: TrainConfig | None = None) -> Entry | None:
+        """Run `config` (default: the panel's) as the new baseline, `repeats` times; None if refused."""
+        return self._submit("baseline", config)
+
+    def run_candidate(self, config: TrainConfig | None = None) -> Entry | None:
+        """Run `config` (default: the panel's) as a candidate; repeats > 1 interleave with baseline repeats."""
+        return self._submit("candidate", config)
+
+    @property
+    def comparison(self) -> Comparison | None:
+        """`compare_trials` over the finished baseline and candidates (what the table shows)."""
+        with self._lock:
+            return comparison_for(self.entries)
+
+    def cancel(self) -> None:
+        """Stop the running trial (its worker process ends) and drop the queued ones."""
+        self.runner.cancel_all()
+        self._say("Cancelling…")
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until every submitted trial finished and the UI shows it (tests, scripts)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.runner.busy or self._inbox:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"trials still running after {timeout} s")
+            time.sleep(0.05)
+        self._flush()
+
+    def insert_snippet(self) -> None:
+        """Call in a cell: the selected export becomes the next cell (works in any Jupyter front end)."""
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is None:
+            raise RuntimeError("insert_snippet needs an IPython kernel; use wb.export.snippet.value instead")
+        shell.set_next_input(self.export.snippet.value, replace=False)
+
+    def close(self) -> None:
+        """Stop the threads, the monitor and any running trial; close the widgets."""
+        self._closed.set()
+        self._wake.set()
+        self.runner.close()
+        self.monitor.close()
+        self._pump.join(timeout=2)
+        self.widget.close()
+
+    # --- internals: building ---------------------------------------------------------
+
+    def _build_widgets(
+        self, workload: Workload | str | None, preset: str, warmup: int, steps: int, repeats: int
+    ) -> None:
+        options, fixed = workload_options(workload)
+        self.workload_picker = widgets.Dropdown(options=options, value=options[0][1], description="workload")
+        self.preset_picker = widgets.ToggleButtons(
+            options=list(PRESETS), value=preset, description="preset", disabled=fixed, style={"button_width": "auto"}
+        )
+        self.warmup = widgets.BoundedIntText(
+            value=warmup, min=1, max=10_000, description="warm-up", layout=widgets.Layout(width="160px")
+        )
+        self.steps = widgets.BoundedIntText(
+            value=steps, min=1, max=100_000, description="steps", layout=widgets.Layout(width="160px")
+        )
+        self.repeats = widgets.BoundedIntText(
+            value=repeats, min=1, max=50, description="repeats", layout=widgets.Layout(width="160px")
+        )
+        self.run_baseline_button = widgets.Button(description="Run baseline", button_style="primary", icon="play")
+        self.run_candidate_button = widgets.Button(description="Run candidate", button_style="success", icon="play")
+        self.cancel_button = widgets.Button(description="Cancel", button_style="danger", icon="stop", disabled=True)
+        self.run_baseline_button.on_click(lambda _: self.run_baseline())
+        self.run_candidate_button.on_click(lambda _: self.run_candidate())
+        self.cancel_button.on_click(lambda _: self.cancel())
+        self.status = widgets.HTML("")
+        self.progress = widgets.VBox([])
+        self.table = widgets.HTML(render_table([], None))
+        gpu_ok, gpu_reason = self.monitor.gpu_status()
+        info = self.device_info
+        self.header = widgets.HTML(
+            f"<b>Training Workbench</b> — trials run on <code>{html.escape(self.device)}</code> "
+            f"({html.escape(info.name)}, {info.cpu_cores} CPU cores). Device monitor: "
+            f"{html.escape(gpu_reason if gpu_ok else 'host CPU and memory via psutil — ' + gpu_reason)}"
+        )
+        self.widget = build_layout(self)
+
+    # --- internals: submitting -------------------------------------------------------
+
+    def _spec(self) -> RunSpec:
+        workload = self.workload_picker.value
+        preset = self.preset_picker.value
+        label = workload.describe() if isinstance(workload, Workload) else f"{workload} [{preset}]"
+        return RunSpec(workload, label, preset, self.warmup.value, self.steps.value, self.device, self.timeout_s)
+
+    def _submit(self, role: str, config: TrainConfig | None = None) -> Entry | None:
+        try:
+            if config is not None:
+                self.panel.set_config(config)  # show what runs; check_config below refuses what cannot
+            config = config if config is not None else self.panel.config()
+            check_config(config, self.device)
+        except ConfigError as exc:
+            self._say(f"Not started: {exc}", error=True)
+            return None
+        spec = self._spec()
+        with self._lock:
+            baseline = next((e for e in self.entries if e.role == "baseline"), None)
+            if role == "candidate" and baseline is not None and not _same_window(baseline.spec, spec):
+                self._say(
+                    f"Not started: the baseline ran {baseline.spec.workload_label} with {baseline.spec.warmup}+"
+                    f"{baseline.spec.steps} steps; run a new baseline for {spec.workload_label} with these settings first",
+                    error=True,
+                )
+                return None
+            entry = self._new_entry(role, config, spec)
+            order = [entry] * self.repeats.value
+            if role == "candidate" and baseline is not None and self.repeats.value > 1:
+                # Interleave C B C B … C: machine drift then hits both sides alike (DESIGN, decision 3).
+                order = [e for _ in range(self.repeats.value - 1) for e in (entry, baseline)] + [entry]
+            for target in order:
+                self._enqueue(target)
+        self._say(f"Queued {entry.label} ({len(order)} trial{'s' if len(order) > 1 else ''}).")
+        return entry
+
+    def _new_entry(self, role: str, config: TrainConfig, spec: RunSpec) -> Entry:
+        if role == "baseline":  # a new baseline replaces the old one
+            self.entries = [e for e in self.entries if e.role != "baseline"]
+            entry = Entry(0, "baseline", config, spec, BASELINE_COLOR)
+            self.entries.insert(0, entry)
+        else:
+            key = self._next_key
+            self._next_key += 1
+            entry = Entry(key, "candidate", config, spec, CANDIDATE_COLORS[(key - 1) % len(CANDIDATE_COLORS)])
+            self.entries.append(entry)
+        return entry
+
+    def _enqueue(self, entry: Entry) -> None:
+        record = TrialRecord(entry, repeat=len(entry.records) + 1)
+        entry.records.append(record)
+        self.records.append(record)
+        record.bar, record.caption = progress_row(record)
+        self.progress.children = [*self.progress.children, widgets.HBox([record.bar, record.caption])][
+            -MAX_PROGRESS_ROWS:
+        ]
+        self.cancel_button.disabled = False
+        self.runner.submit(record)
+        self._wake.set()
+
+    def _insert_cell(self, text: str) -> str:
+        if self._frontend is not None:
+            from workbench.ui.exporter import insert_cell_via_jupyterlab
+
+            return insert_cell_via_jupyterlab(text, self._frontend)
+        try:
+            self.insert_snippet()
+        except RuntimeError as exc:
+            return str(exc)
+        return "This front end cannot add cells from a button: the snippet appears after the next cell you run."
+
+    def _say(self, text: str, error: bool = False) -> None:
+        color = "#b00020" if error else "#333"
+        self.status.value = f"<span style='color:{color}'>{html.escape(text)}</span>"
+
+    # --- internals: the pump ---------------------------------------------------------
+
+    def _pump_loop(self) -> None:
+        while not self._closed.is_set():
+            busy = self.runner.busy
+            self._wake.wait(self.refresh_period if busy or self.monitor.running else IDLE_PERIOD_S)
+            self._wake.clear()
+            if self._closed.is_set():
+                return
+            try:
+                self._flush()
+            except Exception as exc:  # a UI bug must not stop the pump; show it instead
+                self._say(f"UI update failed: {type(exc).__name__}: {exc}", error=True)
+
+    def _flush(self) -> None:
+        with self._lock:
+            steps_changed, finished = self._drain()
+            busy = self.runner.busy
+            if busy:
+                self._last_busy = time.monotonic()
+                if not self.monitor.running:
+                    self.monitor.start()
+            elif self.monitor.running and time.monotonic() - self._last_busy > MONITOR_LINGER_S:
+                self.monitor.stop()
+            if steps_changed or finished:
+                self.charts.set_trials([_series(e) for e in self.entries])
+            if self.monitor.running or steps_changed:
+                self.charts.set_device(self.monitor.samples(since=time.time() - TIMELINE_S))
+            if finished:
+                self._show_results()
+            self.cancel_button.disabled = not busy
+
+    def _drain(self) -> tuple[bool, bool]:
+        steps_changed = finished = False
+        touched: set[int] = set()
+        while self._inbox:
+            record, item = self._inbox.popleft()
+            touched.add(id(record))
+            if isinstance(item, StepMeasured):
+                record.steps_done = item.step + 1
+                record.last_step_ms = item.step_ms
+                if item.timed:
+                    record.step_ms.append(item.step_ms)
+                    steps_changed = True
+            elif isinstance(item, TrialStarted) or item == "running":
+                record.status = "running"
+            elif isinstance(item, TrialResult):
+                record.result, record.status = item, item.status
+                finished = True
+        for record in self.records:
+            if id(record) in touched:
+                _update_progress(record)
+        return steps_changed, finished
+
+    def _show_results(self) -> None:
+        comparison = comparison_for(self.entries)
+        self.table.value = render_table(self.entries, comparison)
+        choices: list[tuple[str, TrainConfig]] = []
+        winner: int | None = None
+        best = 0.0
+        candidates = iter(comparison.candidates) if comparison else iter(())
+        for entry in self.entries:
+            ok = [r for r in entry.results() if r.ok]
+            row = next(candidates, None) if entry.role == "candidate" and entry.results() and comparison else None
+            if not ok:
+                continue
+            label = entry.label
+            if row is not None and row.speedup is not None:
+                label += f" — {row.speedup:.2f}× ({row.verdict})"
+                if row.verdict == "faster" and row.numerics.ok is not False and row.speedup > best:
+                    winner, best = len(choices), row.speedup
+            choices.append((label, entry.config))
+        self.export.set_choices(choices, winner)
+        done = [r for r in self.records if r.result is not None]
+        if done and not self.runner.busy:
+            last = done[-1].result
+            assert last is not None
+            self._say(
+                f"Finished {done[-1].entry.label}: {last.status}"
+                + (f" — {last.message.splitlines()[0]}" if last.message else "")
+            )
+
+
+def _same_window(a: RunSpec, b: RunSpec) -> bool:
+    return (a.workload_label, a.warmup, a.steps, a.preset) == (b.workload_label, b.warmup, b.steps, b.preset)
+
+
+def _series(entry: Entry) -> TrialSeries:
+    steps = [ms for record in entry.records for ms in record.step_ms]
+    peaks = [r.peak_memory_bytes for r in entry.results() if r.peak_memory_bytes is not None]
+    return TrialSeries(entry.key, entry.label, entry.color, steps, max(peaks) if peaks else None)
+
+
+def _update_progress(record: TrialRecord) -> None:
+    bar, caption = record.bar, record.caption
+    bar.value = record.steps_done
+    spec = record.entry.spec
+    if record.result is not None:
+        result = record.result
+        bar.bar_style = "success" if result.ok else "danger"
+        median = f"median {result.median_step_ms:.1f} ms" if result.median_step_ms else ""
+        why = result.message.splitlines()[0][:160] if result.message else ""
+        text = f"{result.status} {median} {why}".strip()
+    elif record.steps_done <= spec.warmup:
+        text = f"warm-up {record.steps_done}/{spec.warmup}" + (
+            f" ({record.last_step_ms:.0f} ms)" if record.last_step_ms else ""
+        )
+    else:
+        text = f"step {record.steps_done - spec.warmup}/{spec.steps}, {record.last_step_ms:.1f} ms"
+    caption.value = f"<b>{html.escape(record.entry.label)}</b> #{record.repeat}: {html.escape(text)}"
+
+
+_BOKEHJS_LOADED = False
+
+
+def load_bokehjs(force: bool = False) -> None:
+    """Publish BokehJS inline (no CDN: there may be no internet) once per kernel, before the first chart."""
+    global _BOKEHJS_LOADED
+    if _BOKEHJS_LOADED and not force:
+        return
+    from bokeh.io.notebook import load_notebook
+    from bokeh.resources import Resources
+
+    load_notebook(resources=Resources(mode="inline", components=["bokeh"]), hide_banner=True)
+    _BOKEHJS_LOADED = True
+
+
+def _jupyterlab_frontend() -> Any:
+    """ipylab's handle on JupyterLab when running in a kernel (created early: the front end needs time)."""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is None or not hasattr(shell, "kernel"):
+            return None
+        from ipylab import JupyterFrontEnd
+
+        return JupyterFrontEnd()
+    except Exception:  # ipylab missing or broken: the fallback in _insert_cell applies
+        return None

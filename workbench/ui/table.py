@@ -1,0 +1,169 @@
+"""The comparison table: `compare_trials`' figures as HTML rows — formatting only, no statistics.
+
+One row per configuration: the baseline first, then each candidate with its speedup
+and interval, verdict, memory delta, numerics flag, compile time, break-even steps and
+config diff. A trial that failed (OOM, exception, timeout, cancel) is a row that says so
+with its message, so one bad candidate never hides the others.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from typing import Any
+
+from workbench.analysis.compare import CandidateComparison, Comparison, TrialSummary, compare_trials, summarize
+from workbench.ui.runs import Entry
+
+_MIB = float(2**20)
+HEADERS = (
+    "",
+    "configuration",
+    "status",
+    "median step",
+    "speedup [95% CI]",
+    "verdict",
+    "Δ peak memory",
+    "numerics",
+    "compile",
+    "break-even",
+    "changed vs baseline",
+)
+_VERDICT_COLORS = {"faster": "#1b7e3c", "slower": "#b00020", "no significant difference": "#666", "failed": "#b00020"}
+_CSS = (
+    "<style>.wb-table{border-collapse:collapse;font-size:12px;margin-top:4px}"
+    ".wb-table th,.wb-table td{border-bottom:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}"
+    ".wb-table th{background:#f4f4f4}.wb-table tr.failed td{background:#fdecea}"
+    ".wb-swatch{display:inline-block;width:10px;height:10px;border-radius:2px}</style>"
+)
+
+
+def comparison_for(entries: Sequence[Entry]) -> Comparison | None:
+    """`compare_trials` over the finished baseline and candidates; None before a baseline result."""
+    baseline = next((e for e in entries if e.role == "baseline" and e.results()), None)
+    candidates = [e for e in entries if e.role == "candidate" and e.results()]
+    if baseline is None or not candidates:
+        return None
+    return compare_trials(baseline.results(), [c.results() for c in candidates])
+
+
+def render_table(entries: Sequence[Entry], comparison: Comparison | None) -> str:
+    finished = [e for e in entries if e.results()]
+    if not finished:
+        return "<i>No finished trials yet: run a baseline, then candidates.</i>"
+    current = next((e for e in entries if e.role == "baseline" and e.results()), None)
+    candidate_rows = iter(comparison.candidates if comparison is not None else ())
+    rows: list[str] = []
+    for entry in finished:
+        if entry.role == "baseline" and comparison is not None and entry is current:
+            rows.append(_row(entry, comparison.baseline, None))
+        elif entry.role == "candidate" and comparison is not None:
+            rows.append(_row(entry, None, next(candidate_rows)))
+        else:  # no comparison yet, or an earlier baseline that a newer one replaced
+            rows.append(_row(entry, summarize(entry.results()), None))
+    note = "" if comparison is not None else "<div><i>Run a baseline and a candidate to compare them.</i></div>"
+    head = "".join(f"<th>{h}</th>" for h in HEADERS)
+    return f"{_CSS}{note}<table class='wb-table'><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+def _row(entry: Entry, summary: TrialSummary | None, cand: CandidateComparison | None) -> str:
+    s = cand.summary if cand is not None else summary
+    assert s is not None
+    failed = s.status != "ok"
+    cells = [
+        f"<span class='wb-swatch' style='background:{entry.color}'></span>",
+        f"<b>{html.escape(_role(entry))}</b><br>{html.escape(s.label)}",
+        _status(s),
+        _median(s),
+    ]
+    if cand is None:
+        cells += [
+            "—",
+            "—" if entry.role == "baseline" else "<i>no baseline</i>",
+            "—",
+            "—",
+            _compile(s.compile_time_s),
+            "—",
+            "—",
+        ]
+    else:
+        cells += [
+            _speedup(cand),
+            _verdict(cand.verdict),
+            _memory_delta(cand.peak_memory_delta_bytes),
+            _numerics(cand),
+            _compile(s.compile_time_s),
+            _break_even(cand),
+            _diff(cand.config_diff),
+        ]
+    klass = " class='failed'" if failed else ""
+    return f"<tr{klass}>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
+
+
+def _role(entry: Entry) -> str:
+    return "baseline" if entry.role == "baseline" else f"candidate {entry.key}"
+
+
+def _status(s: TrialSummary) -> str:
+    if s.status == "ok":
+        return "ok" + (f" ×{s.repeats}" if s.repeats > 1 else "")
+    first, _, rest = s.message.strip().partition("\n")
+    detail = (
+        f"<details><summary>details</summary><pre style='white-space:pre-wrap;max-width:60em'>{html.escape(rest.strip())}</pre></details>"
+        if rest.strip()
+        else ""
+    )
+    return f"<b style='color:#b00020'>{html.escape(s.status)}</b>: {html.escape(first[:300])}{detail}"
+
+
+def _median(s: TrialSummary) -> str:
+    if s.median_step_ms is None:
+        return "—"
+    iqr = f" (IQR {s.iqr_step_ms:.1f})" if s.iqr_step_ms is not None else ""
+    return f"{s.median_step_ms:.1f} ms{iqr}"
+
+
+def _speedup(c: CandidateComparison) -> str:
+    if c.speedup is None:
+        return "—"
+    ci = f" [{c.speedup_ci[0]:.2f}, {c.speedup_ci[1]:.2f}]" if c.speedup_ci else ""
+    return f"<b>{c.speedup:.2f}×</b>{ci}"
+
+
+def _verdict(verdict: str) -> str:
+    return f"<span style='color:{_VERDICT_COLORS.get(verdict, '#000')}'>{html.escape(verdict)}</span>"
+
+
+def _memory_delta(delta: int | None) -> str:
+    if delta is None:
+        return "n/a"
+    return f"{delta / _MIB:+,.1f} MiB"
+
+
+def _numerics(c: CandidateComparison) -> str:
+    ok = c.numerics.ok
+    if ok is None:
+        mark = "?"
+    elif ok:
+        mark = "<span style='color:#1b7e3c'>✔ ok</span>"
+    else:
+        mark = "<b style='color:#b00020'>✘ differs</b>"
+    return f"<span title='{html.escape(c.numerics.note)}'>{mark}</span>"
+
+
+def _compile(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds else "—"
+
+
+def _break_even(c: CandidateComparison) -> str:
+    if not c.summary.compile_time_s:
+        return "—"
+    return "never" if c.break_even_steps is None else f"{c.break_even_steps:,.0f} steps"
+
+
+def _diff(diff: dict[str, tuple[Any, Any]]) -> str:
+    if not diff:
+        return "<i>same config</i>"
+    return "<br>".join(
+        f"<code>{html.escape(k)}</code>: {html.escape(str(a))} → {html.escape(str(b))}" for k, (a, b) in diff.items()
+    )
