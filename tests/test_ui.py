@@ -352,3 +352,27 @@ def test_messages_are_html_escaped(make_app) -> None:
     app.run_baseline_button.click()
     assert "is not registered" in app.status.value
     assert "<img" not in app.status.value and "&lt;img" in app.status.value
+
+
+def test_diagnosis_and_history_tabs_are_wired_into_the_app() -> None:
+    """A stored trial becomes the baseline from the History tab; a finished trial is diagnosed."""
+    from workbench.config import TrainConfig
+    from workbench.measure import run_trial
+    from workbench.store import Store
+    from workbench.ui import Workbench
+
+    stored = run_trial("bev-perception", TrainConfig(), steps=2, warmup=1, isolation="inline", track_memory=False)
+    with Store() as store:  # the tests' store (WORKBENCH_STORE points at a temp file)
+        store.recorder("run").save(stored)
+    app = Workbench()
+    try:
+        tabs = app.widget.children[-1]
+        assert list(tabs.titles) == ["Diagnosis of the latest run", "History"]
+        app.history.refresh()
+        entry = app.use_stored_baseline(stored)
+        assert entry.role == "baseline" and entry.results() == [stored]
+        assert "baseline" in app.table.value
+        app._show_results()
+        assert app.diagnosis.result is stored
+    finally:
+        app.close()

@@ -24,7 +24,9 @@ from workbench.measure import StepMeasured, TrialResult, TrialStarted
 from workbench.measure.monitor import DeviceMonitor
 from workbench.ui.charts import TIMELINE_S, LiveCharts, TrialSeries
 from workbench.ui.controls import ConfigPanel
+from workbench.ui.diagnosis_view import DiagnosisView
 from workbench.ui.exporter import ExportPanel
+from workbench.ui.history_view import HistoryView
 from workbench.ui.layout import build_layout, progress_row, workload_options
 from workbench.ui.runs import Entry, Inbox, RunSpec, TrialRecord, TrialRunner
 from workbench.ui.table import comparison_for, render_table
@@ -106,6 +108,30 @@ class Workbench:
         with self._lock:
             return comparison_for(self.entries)
 
+    def use_stored_baseline(self, result: TrialResult) -> Entry:
+        """Make a stored trial (History tab) the baseline, without running it again."""
+        source = result.workload_source or {}
+        workload = source.get("name") or result.workload
+        preset = source.get("preset") or result.preset or "tiny"
+        spec = RunSpec(
+            workload, f"{workload} [{preset}]", preset, result.warmup, result.steps, self.device, self.timeout_s
+        )
+        config = TrainConfig.from_dict(result.config)
+        with self._lock:
+            entry = self._new_entry("baseline", config, spec)
+            record = TrialRecord(entry, repeat=1, status=result.status, result=result)
+            record.steps_done, record.step_ms = record.total_steps, list(result.step_ms)
+            entry.records.append(record)
+            self.panel.set_config(config)
+            self.warmup.value, self.steps.value = max(1, result.warmup), max(1, result.steps)
+            if any(value == workload for _, value in self.workload_picker.options):
+                self.workload_picker.value = workload
+        self._show_results()
+        if result.ok:
+            self.diagnosis.show(result)
+        self._say(f"Baseline is now stored trial {result.trial_id} ({config.describe()}); run candidates against it.")
+        return entry
+
     def cancel(self) -> None:
         """Stop the running trial (its worker process ends) and drop the queued ones."""
         self.runner.cancel_all()
@@ -135,6 +161,7 @@ class Workbench:
         self._wake.set()
         self.runner.close()
         self.monitor.close()
+        self.history.close()
         self._pump.join(timeout=2)
         self.widget.close()
 
@@ -163,6 +190,12 @@ class Workbench:
         self.run_baseline_button.on_click(lambda _: self.run_baseline())
         self.run_candidate_button.on_click(lambda _: self.run_candidate())
         self.cancel_button.on_click(lambda _: self.cancel())
+        self.profile_box = widgets.Checkbox(value=False, description="profile a few extra steps (for Diagnosis)")
+        self.diagnosis = DiagnosisView(on_apply=lambda config: void(self.run_candidate(config)), device=self.device)
+        self.history = HistoryView(
+            on_pick_baseline=lambda result: void(self.use_stored_baseline(result)),
+            on_open_config=self.panel.set_config,
+        )
         self.status = widgets.HTML("")
         self.progress = widgets.VBox([])
         self.table = widgets.HTML(render_table([], None))
@@ -181,7 +214,10 @@ class Workbench:
         workload = self.workload_picker.value
         preset = self.preset_picker.value
         label = workload.describe() if isinstance(workload, Workload) else f"{workload} [{preset}]"
-        return RunSpec(workload, label, preset, self.warmup.value, self.steps.value, self.device, self.timeout_s)
+        return RunSpec(
+            workload, label, preset, self.warmup.value, self.steps.value, self.device, self.timeout_s,
+            profile=self.profile_box.value,
+        )  # fmt: skip
 
     def _submit(self, role: str, config: TrainConfig | None = None) -> Entry | None:
         try:
@@ -325,6 +361,8 @@ class Workbench:
             choices.append((label, entry.config))
         self.export.set_choices(choices, winner)
         done = [r for r in self.records if r.result is not None]
+        if done and done[-1].result is not None and done[-1].result.ok:
+            self.diagnosis.show(done[-1].result)
         if done and not self.runner.busy:
             last = done[-1].result
             assert last is not None
@@ -332,6 +370,10 @@ class Workbench:
                 f"Finished {done[-1].entry.label}: {last.status}"
                 + (f" — {last.message.splitlines()[0]}" if last.message else "")
             )
+
+
+def void(_: object) -> None:
+    """Drop a return value: the views' callbacks return nothing."""
 
 
 def _same_window(a: RunSpec, b: RunSpec) -> bool:

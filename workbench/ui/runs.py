@@ -37,6 +37,8 @@ class RunSpec:
     steps: int
     device: str | None = None
     timeout_s: float | None = None
+    profile: bool = False
+    """Profile a few extra steps after the timed window (evidence for the Diagnosis tab)."""
 
 
 @dataclass
@@ -162,6 +164,7 @@ class TrialRunner:
                 preset=spec.preset,
                 device=spec.device,
                 timeout_s=spec.timeout_s,
+                profile=spec.profile,
                 on_event=on_event,
             )
         except Exception as exc:  # start_trial only starts a thread; kept for safety
