@@ -376,3 +376,15 @@ def test_diagnosis_and_history_tabs_are_wired_into_the_app() -> None:
         assert app.diagnosis.result is stored
     finally:
         app.close()
+
+
+def test_per_rank_step_times_of_a_distributed_trial_are_listed() -> None:
+    from workbench.measure import TrialResult
+    from workbench.ui.table import render_ranks
+
+    ranks = [{"rank": r, "host": "node0", "median_step_ms": 100.0 + 50 * r, "compute_ms": 80.0, "comm_ms": 20.0,
+              "exposed_comm_ms": 5.0} for r in range(2)]  # fmt: skip
+    result = TrialResult(trial_id="d", status="ok", workload="e2e-planner", config={}, distributed={"ranks": ranks})
+    text = render_ranks(result)
+    assert "<td>1</td><td>node0</td><td>150.0</td>" in text  # the straggler's median shows
+    assert render_ranks(TrialResult(trial_id="s", status="ok", workload="w", config={})) == ""

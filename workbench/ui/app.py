@@ -29,7 +29,7 @@ from workbench.ui.exporter import ExportPanel
 from workbench.ui.history_view import HistoryView
 from workbench.ui.layout import build_layout, progress_row, workload_options
 from workbench.ui.runs import Entry, Inbox, RunSpec, TrialRecord, TrialRunner
-from workbench.ui.table import comparison_for, render_table
+from workbench.ui.table import comparison_for, render_ranks, render_table
 from workbench.workloads import PRESETS, Workload
 
 BASELINE_COLOR = "#222222"
@@ -199,6 +199,7 @@ class Workbench:
         self.status = widgets.HTML("")
         self.progress = widgets.VBox([])
         self.table = widgets.HTML(render_table([], None))
+        self.ranks = widgets.HTML("")
         gpu_ok, gpu_reason = self.monitor.gpu_status()
         info = self.device_info
         self.header = widgets.HTML(
@@ -363,6 +364,7 @@ class Workbench:
         done = [r for r in self.records if r.result is not None]
         if done and done[-1].result is not None and done[-1].result.ok:
             self.diagnosis.show(done[-1].result)
+            self.ranks.value = render_ranks(done[-1].result)
         if done and not self.runner.busy:
             last = done[-1].result
             assert last is not None

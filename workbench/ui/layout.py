@@ -75,6 +75,7 @@ def build_layout(app: Workbench) -> widgets.VBox:
             app.charts.widget,
             widgets.HTML("<b>Comparison against the baseline</b>"),
             app.table,
+            app.ranks,
             export,
             widgets.Tab(
                 children=[app.diagnosis.widget, app.history.widget],

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from workbench.analysis.compare import CandidateComparison, Comparison, TrialSummary, compare_trials, summarize
+from workbench.measure.result import TrialResult
 from workbench.ui.runs import Entry
 
 _MIB = float(2**20)
@@ -167,3 +168,24 @@ def _diff(diff: dict[str, tuple[Any, Any]]) -> str:
     return "<br>".join(
         f"<code>{html.escape(k)}</code>: {html.escape(str(a))} → {html.escape(str(b))}" for k, (a, b) in diff.items()
     )
+
+
+def render_ranks(result: TrialResult | None) -> str:
+    """Per-rank step times of a distributed trial (stragglers show here); empty for one process."""
+    from workbench.distributed.stats import rank_rows
+
+    rows = rank_rows(result) if result is not None else []
+    if not rows:
+        return ""
+
+    def ms(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.1f}"
+
+    body = "".join(
+        f"<tr><td>{row['rank']}</td><td>{html.escape(str(row.get('host', '')))}</td>"
+        f"<td>{ms(row.get('median_step_ms'))}</td><td>{ms(row.get('compute_ms'))}</td>"
+        f"<td>{ms(row.get('comm_ms'))}</td><td>{ms(row.get('exposed_comm_ms'))}</td></tr>"
+        for row in rows
+    )
+    head = "<tr><th>rank</th><th>host</th><th>median step ms</th><th>compute ms</th><th>comm ms</th><th>exposed comm ms</th></tr>"
+    return f"<b>Per rank — {html.escape(result.workload if result else '')}</b><table>{head}{body}</table>"
