@@ -113,32 +113,17 @@ def _run(args: argparse.Namespace, rank: int, send: Any, standalone: bool) -> in
 def _load(args: argparse.Namespace) -> tuple[Workload | str, TrainConfig, dict[str, Any]]:
     """Workload, config and window options from the launcher's spec file or the command line."""
     if args.spec:
-        import cloudpickle
+        from workbench.measure.worker import unpack_workload
 
         with open(args.spec, "rb") as fh:
             spec = pickle.load(fh)
-        workload_spec = cloudpickle.loads(spec["workload"])
-        return _workload_from(workload_spec), TrainConfig.from_dict(spec["config"]), dict(spec["options"])
+        return unpack_workload(spec["workload"]), TrainConfig.from_dict(spec["config"]), dict(spec["options"])
     config = TrainConfig()
     for text in args.overrides:
         config = config.with_overrides(text)
     options = {"warmup": args.warmup, "steps": args.steps, "preset": args.preset, "device_type": args.device}
     options["pg_timeout_s"] = args.timeout
     return args.workload, config, options
-
-
-def _workload_from(spec: dict[str, Any]) -> Workload | str:
-    """Inverse of `launch.workload_spec`: a name, a rebuildable source, or the object itself."""
-    from workbench.workloads import load_workload
-
-    if spec["kind"] == "name":
-        return str(spec["name"])
-    if spec["kind"] == "source":
-        source = spec["source"]
-        return load_workload(source["name"], preset=source.get("preset") or "tiny", **source.get("options", {}))
-    workload = spec["workload"]
-    assert isinstance(workload, Workload)
-    return workload
 
 
 def _event_sink(rank: int, send: Any, standalone: bool) -> Any:

@@ -31,6 +31,7 @@ from workbench.distributed.channel import RankReader
 from workbench.distributed.command import RANK_MODULE, torchrun_args
 from workbench.measure.events import EventSink, StepMeasured, TrialFinished, TrialStarted
 from workbench.measure.result import TrialResult
+from workbench.measure.worker import pack_workload
 from workbench.workloads.base import Workload, WorkloadError
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -84,7 +85,7 @@ def run_distributed_trial(
     directory = Path(tempfile.mkdtemp(prefix="workbench-dist-"))
     options = {"warmup": warmup, "steps": steps, "preset": preset, "device_type": dev.type}
     options.update(memory_limit_bytes=memory_limit_bytes, pg_timeout_s=timeout + 60.0)  # the parent's timeout first
-    spec = {"workload": workload_spec(workload), "config": config.to_dict(), "options": options}
+    spec = {"workload": pack_workload(workload), "config": config.to_dict(), "options": options}
     (directory / "spec.pkl").write_bytes(pickle.dumps(spec))
     command = rank_command(config, directory)
     log = open(directory / "torchrun.log", "wb")  # noqa: SIM115 - closed in finally, after the process
@@ -123,27 +124,6 @@ def rank_environment(config: TrainConfig, device_type: str) -> dict[str, str]:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         env["OMP_NUM_THREADS"] = str(max(1, cores // config.nproc_per_node))
     return env
-
-
-def workload_spec(workload: Workload | str) -> bytes:
-    """How the ranks get the workload: by name, by its rebuildable source, or pickled by value."""
-    import cloudpickle
-
-    if isinstance(workload, str):
-        spec: dict[str, Any] = {"kind": "name", "name": workload}
-    elif isinstance(workload, Workload) and workload.source:
-        spec = {"kind": "source", "source": workload.source}
-    elif isinstance(workload, Workload):
-        spec = {"kind": "object", "workload": workload}
-    else:
-        raise WorkloadError(f"a workload is a Workload, a built-in name or 'package.module:attr', got {workload!r}")
-    try:
-        return bytes(cloudpickle.dumps(spec))
-    except Exception as exc:
-        raise WorkloadError(
-            f"workload '{_name(workload)}' cannot be sent to the ranks ({type(exc).__name__}: {exc}); "
-            "define it at module level and pass 'package.module:function'"
-        ) from None
 
 
 def _check_batch(workload: Workload | str, preset: str, config: TrainConfig) -> None:

@@ -76,12 +76,20 @@ def workload_name(workload: Workload | str) -> str:
 
 
 def _payload(workload: Workload | str, preset: str, config: TrainConfig) -> bytes:
-    import cloudpickle
-
     if isinstance(workload, str):
         from workbench.workloads import load_workload
 
         load_workload(workload, preset=preset, **config.extra)  # fail fast on unknown names/presets
+    return pack_workload(workload)
+
+
+def pack_workload(workload: Workload | str) -> bytes:
+    """The workload for another process: by name, by its rebuildable source, or pickled by value
+    (cloudpickle, so a class defined in a notebook cell travels). Used by the trial worker and
+    by the torchrun ranks; `unpack_workload` is the inverse."""
+    import cloudpickle
+
+    if isinstance(workload, str):
         spec: dict[str, Any] = {"kind": "name", "name": workload}
     elif isinstance(workload, Workload) and workload.source:
         spec = {"kind": "source", "source": workload.source}
@@ -90,9 +98,26 @@ def _payload(workload: Workload | str, preset: str, config: TrainConfig) -> byte
     else:
         raise WorkloadError(f"a workload is a Workload, a built-in name or 'package.module:attr', got {workload!r}")
     try:
-        return cloudpickle.dumps(spec)
+        return bytes(cloudpickle.dumps(spec))
     except Exception as exc:
         raise WorkloadError(_unpicklable_message(workload, exc)) from None
+
+
+def unpack_workload(payload: bytes) -> Workload | str:
+    import cloudpickle
+
+    from workbench.workloads import load_workload
+
+    spec = cloudpickle.loads(payload)
+    if spec["kind"] == "name":
+        return str(spec["name"])
+    if spec["kind"] == "source":
+        source = spec["source"]
+        return load_workload(source["name"], preset=source.get("preset") or "tiny", **source.get("options", {}))
+    workload = spec["workload"]
+    if not isinstance(workload, Workload):
+        raise WorkloadError(f"the workload payload held a {type(workload).__name__}, not a Workload")
+    return workload
 
 
 def _unpicklable_message(workload: Any, exc: Exception) -> str:
@@ -106,7 +131,7 @@ def _unpicklable_message(workload: Any, exc: Exception) -> str:
             culprit = f"its {name} ({getattr(workload, name)!r})"
             break
     return (
-        f"workload '{getattr(workload, 'name', workload)}' cannot be sent to a worker process: {culprit} "
+        f"workload '{getattr(workload, 'name', workload)}' cannot be sent to another process: {culprit} "
         f"cannot be pickled ({type(exc).__name__}: {exc}). Define it at module level and pass "
         "'package.module:function', or run with isolation='inline'"
     )
@@ -212,20 +237,10 @@ def _worker_main(
             import resource
 
             resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
-        import cloudpickle
-
         from workbench.measure.trial import run_trial_inline
-        from workbench.workloads import load_workload
 
-        spec = cloudpickle.loads(payload)
+        workload = unpack_workload(payload)
         config = TrainConfig.from_dict(config_dict)
-        if spec["kind"] == "name":
-            workload: Workload | str = spec["name"]
-        elif spec["kind"] == "source":
-            source = spec["source"]
-            workload = load_workload(source["name"], preset=source.get("preset") or "tiny", **source.get("options", {}))
-        else:
-            workload = spec["workload"]
         run_trial_inline(workload, config, cancel=None, on_event=lambda event: sender.send(("event", event)), **options)
     except (ConfigError, WorkloadError) as exc:
         sender.send(("input_error", type(exc).__name__, str(exc)))
