@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -24,36 +23,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from browser_support import CHROMIUM, CHROMIUM_FLAGS, free_port, skip_reason
 
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 ARTIFACTS = ROOT / "artifacts" / "browser"
 NOTEBOOK = "01_quickstart.ipynb"
 LIVE_STEPS = 500
 
 
-def _skip_reason() -> str | None:
-    if not CHROMIUM.exists():
-        return f"{CHROMIUM} is missing (scripts/install-browser installs it)"
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "the playwright Python package is missing (pip install -e '.[dev]'; never `playwright install`)"
-    return None
-
-
-if (_reason := _skip_reason()) is not None:
+if (_reason := skip_reason()) is not None:
     pytest.skip(_reason, allow_module_level=True)
 
 from playwright.sync_api import Browser, Page, sync_playwright  # noqa: E402
@@ -62,12 +42,6 @@ from playwright.sync_api import Browser, Page, sync_playwright  # noqa: E402
 POINTS_JS = """() => (window.Bokeh ? Bokeh.documents : [])
     .map(d => d.get_model_by_name('step_time_points')).filter(m => m != null)
     .map(m => m.data.step_ms.length)"""
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +54,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     settings = home / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
     settings.parent.mkdir(parents=True)
     settings.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}/"
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_RUNTIME_DIR": str(home / "runtime")}
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(ROOT / ".inductor-cache"))

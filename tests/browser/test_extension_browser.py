@@ -15,7 +15,6 @@ import json
 import os
 import re
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -26,35 +25,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from browser_support import CHROMIUM, CHROMIUM_FLAGS, free_port, skip_reason
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "browser"
 PANEL_ID = "training-workbench-panel"
 TEMPLATE = "01_quickstart.ipynb"
 
 
-def _skip_reason() -> str | None:
-    if not CHROMIUM.exists():
-        return f"{CHROMIUM} is missing (apt-get install -y chromium)"
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "the playwright Python package is missing (pip install playwright; never `playwright install`)"
-    return None
-
-
-if (_reason := _skip_reason()) is not None:
+if (_reason := skip_reason()) is not None:
     pytest.skip(_reason, allow_module_level=True)
 
 from playwright.sync_api import Browser, Page, sync_playwright  # noqa: E402
@@ -67,12 +47,6 @@ class Lab:
     token: str
     root: Path
     log: Path
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_ready(lab: Lab, proc: subprocess.Popen[bytes], timeout_s: float = 90) -> None:
@@ -100,7 +74,7 @@ def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     notification = home / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
     notification.parent.mkdir(parents=True)
     notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     lab = Lab(f"http://127.0.0.1:{port}{base_url}", token, root, home / "lab.log")
     env = {
         **os.environ,
