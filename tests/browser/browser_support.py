@@ -7,6 +7,7 @@ with flags that keep it off the closed network.
 from __future__ import annotations
 
 import socket
+import subprocess
 from pathlib import Path
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -36,3 +37,13 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """End a server the test started: terminate, then kill if it does not go within 20 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

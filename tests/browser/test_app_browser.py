@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from browser_support import CHROMIUM, CHROMIUM_FLAGS, free_port, skip_reason
+from browser_support import CHROMIUM, CHROMIUM_FLAGS, free_port, skip_reason, stop
 
 pytestmark = pytest.mark.browser
 
@@ -81,12 +81,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 time.sleep(0.3)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_support import CHROMIUM, CHROMIUM_FLAGS, free_port, skip_reason
+from browser_support import CHROMIUM, CHROMIUM_FLAGS, free_port, skip_reason, stop
 
 pytestmark = pytest.mark.browser
 
@@ -95,12 +95,7 @@ def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         _wait_ready(lab, proc)
         yield lab
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 @pytest.fixture(scope="module")

@@ -178,25 +178,8 @@ class LiveCharts:
             "GPU memory used (GiB) — NVML" if gpu else "Process-tree RSS (GiB) — psutil", "GiB", self.device_memory
         )
         labels = [f"GPU {i}: {n}" for i, n in enumerate(self.gpu_names)] or ["CPU, mean of cores"]
-        for i, col in enumerate(util_cols):
-            util.line(
-                x="t",
-                y=col,
-                color=GPU_COLORS[i % len(GPU_COLORS)],
-                line_width=2,
-                legend_label=labels[i],
-                source=self.utilization,
-            )
-        mem_labels = labels if gpu else ["kernel + trial workers"]
-        for i, col in enumerate(mem_cols):
-            mem.line(
-                x="t",
-                y=col,
-                color=GPU_COLORS[i % len(GPU_COLORS)],
-                line_width=2,
-                legend_label=mem_labels[i],
-                source=self.device_memory,
-            )
+        _lines(util, util_cols, labels, self.utilization)
+        _lines(mem, mem_cols, labels if gpu else ["kernel + trial workers"], self.device_memory)
         for fig in (util, mem):
             fig.legend.location = "top_left"
         util.y_range = DataRange1d(start=0, end=100)
@@ -229,3 +212,11 @@ def _gpu(sample: Sample, index: int, key: str) -> Any:
 def _tree_rss(sample: Sample) -> float:
     host = sample["host"]
     return float((host["rss_bytes"] or 0) + (host["children_rss_bytes"] or 0))
+
+
+def _lines(fig: Any, columns: list[str], labels: list[str], source: ColumnDataSource) -> None:
+    """One line per column (per GPU, or the host's one), coloured and labelled alike across charts."""
+    for i, col in enumerate(columns):
+        fig.line(
+            x="t", y=col, color=GPU_COLORS[i % len(GPU_COLORS)], line_width=2, legend_label=labels[i], source=source
+        )
