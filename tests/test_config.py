@@ -16,7 +16,8 @@ from workbench.config import ConfigError, TrainConfig, field_choices, field_doc,
         ({"compile": "fast"}, "choose one of: off, default, reduce-overhead"),
         ({"activation_checkpointing": "some"}, "choose one of: off, full, selective"),
         ({"optimizer": "lamb"}, "choose one of: adamw, sgd"),
-        ({"optimizer_impl": "cuda"}, "for-loop, foreach, fused"),
+        ({"optimizer_impl": "cuda"}, "default, for-loop, foreach, fused"),
+        ({"cudnn_tf32": "off"}, "cudnn_tf32 must be true or false"),
         ({"attention_backend": "xformers"}, "auto, math, efficient, flash, cudnn"),
         ({"matmul_precision": "tf32"}, "highest, high, medium"),
         ({"channels_last": "yes"}, "channels_last must be true or false"),
@@ -129,6 +130,22 @@ def test_every_field_has_a_docstring_and_enumerations_are_listed() -> None:
     assert field_choices("cuda_graphs") == (False, True)
     assert field_choices("compile_dynamic") == (None, False, True)
     assert field_choices("batch_size") is None
+
+
+def test_configs_stored_under_the_old_defaults_still_load() -> None:
+    """Before PyTorch's defaults: every field written out, a for-loop optimizer, no cudnn_tf32 field."""
+    old = {**TrainConfig().to_dict(), "optimizer_impl": "for-loop", "matmul_precision": "highest"}
+    del old["cudnn_tf32"]
+    loaded = TrainConfig.from_dict(old)
+    assert loaded.optimizer_impl == "for-loop" and loaded.matmul_precision == "highest" and loaded.cudnn_tf32
+    assert loaded.describe() == "optimizer_impl=for-loop"  # not the defaults any more: it says what it ran
+    assert TrainConfig.from_dict({**old, "matmul_precision": "high"}).matmul_precision == "high"
+
+
+def test_precision_toggles_parse_as_the_cli_types_them() -> None:
+    config = TrainConfig().with_overrides("cudnn_tf32=off,matmul_precision=high,optimizer_impl=default")
+    assert (config.cudnn_tf32, config.matmul_precision, config.optimizer_impl) == (False, "high", "default")
+    assert TrainConfig().diff(config) == {"cudnn_tf32": (True, False), "matmul_precision": ("highest", "high")}
 
 
 # --- distributed fields -------------------------------------------------------------

@@ -22,6 +22,10 @@ def test_cpu_capabilities_refuse_gpu_only_toggles_with_reasons() -> None:
     assert not caps["pin_memory"][True].available
     assert not caps["matmul_precision"]["high"].available
     assert "TF32" in caps["matmul_precision"]["high"].reason
+    assert caps["cudnn_tf32"][True].available  # PyTorch's default; off would change nothing here
+    assert not caps["cudnn_tf32"][False].available
+    assert "on CPU turning it off changes nothing" in caps["cudnn_tf32"][False].reason
+    assert caps["optimizer_impl"]["default"].reason == "PyTorch's choice on cpu: for-loop"
     for value, availability in caps["attention_backend"].items():
         if not availability.available:
             assert availability.reason, f"{value} is unavailable without a reason"
@@ -51,6 +55,7 @@ def test_asking_for_an_unavailable_toggle_is_a_config_error_not_a_no_op() -> Non
         ("compile=reduce-overhead", "reduce-overhead"),
         ("pin_memory=true", "no GPU"),
         ("attention_backend=efficient", "efficient SDPA kernel cannot run"),
+        ("cudnn_tf32=false", "cudnn_tf32=False is not available on cpu"),
     ]:
         with pytest.raises(ConfigError, match=reason):
             check_config(TrainConfig().with_overrides(overrides), "cpu")

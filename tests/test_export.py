@@ -31,7 +31,9 @@ from torch.utils.data import TensorDataset
 from workbench.cli import build_parser
 from workbench.config import CheckpointPolicy, ConfigError, TrainConfig, field_choices
 from workbench.export import FORMATS, export_config, to_command, to_json, to_snippet
+from workbench.optimizations import build
 from workbench.optimizations.checkpointing import SAVED_OPS
+from workbench.workloads import Workload
 
 RUFF = Path(sys.executable).parent / "ruff"
 
@@ -103,10 +105,12 @@ def _restore_global_torch_state() -> Iterator[None]:
     two threads made some backward kernels (math SDPA) 100x slower, not faster.
     """
     precision, rng, threads = torch.get_float32_matmul_precision(), torch.get_rng_state(), torch.get_num_threads()
+    cudnn_tf32 = torch.backends.cudnn.allow_tf32
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
     torch.set_float32_matmul_precision(precision)
+    torch.backends.cudnn.allow_tf32 = cudnn_tf32
     torch.set_rng_state(rng)
 
 
@@ -175,6 +179,43 @@ def test_defaults_give_a_plain_fp32_loop(tmp_path: Path) -> None:
     assert type(run.optimizer) is torch.optim.AdamW and run.optimizer.param_groups[0]["foreach"] is False
     assert run.loader.num_workers == 0
     run.train().assert_learns()
+
+
+def test_the_default_snippet_keeps_pytorchs_defaults_and_writes_out_the_device_dependent_one(
+    tmp_path: Path,
+) -> None:
+    code = to_snippet(TrainConfig())  # for a GPU, the export's default device
+    assert "foreach=False" not in code and "allow_tf32 = False" not in code
+    assert "foreach=True" in code  # what PyTorch picks on CUDA, so the pasted step cannot pick otherwise
+    assert "set_float32_matmul_precision" not in code and "allow_tf32" not in code
+    # On this CPU: the snippet's optimizer runs the implementation a default trial measured here.
+    user_workload = Workload.from_callables(
+        UserNet, lambda out, batch: out.sum(), batch_fn=lambda n, g: (torch.randn(n, 3, 8, 8, generator=g),)
+    )
+    measured = build(user_workload, TrainConfig(), "cpu")
+    ran = next(a.value for a in measured.applied if a.toggle == "optimizer").split("/")[1]
+    run = Run(load(TrainConfig(), tmp_path), UserNet())
+    assert run.optimizer.param_groups[0]["foreach"] is (ran == "foreach")
+    flags = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
+    assert {a.toggle: a.value for a in measured.applied if a.toggle != "optimizer"} == dict(
+        zip(("matmul_precision", "cudnn_tf32"), flags)
+    )
+
+
+@pytest.mark.parametrize(
+    ("changes", "line", "flags"),
+    [
+        ({"cudnn_tf32": False}, "torch.backends.cudnn.allow_tf32 = False", ("highest", False)),
+        ({"matmul_precision": "high"}, 'torch.set_float32_matmul_precision("high")', ("high", True)),
+    ],
+)
+def test_each_precision_toggle_writes_only_its_own_flag(
+    changes: dict[str, Any], line: str, flags: tuple[str, bool], tmp_path: Path
+) -> None:
+    code = to_snippet(TrainConfig(**changes))
+    assert code.count("allow_tf32") + code.count("set_float32_matmul_precision") == 1 and line in code
+    load(TrainConfig(**changes), tmp_path)
+    assert (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32) == flags
 
 
 def test_bf16_channels_last_fused_and_tf32(tmp_path: Path) -> None:
@@ -323,6 +364,7 @@ def valid_configs() -> list[TrainConfig]:
         ("channels_last", (False, True)),
         ("optimizer", ("adamw", "sgd", "adamw")),
         ("matmul_precision", ("highest", "high", "medium", "high")),
+        ("cudnn_tf32", (True, False, True)),
         ("grad_accumulation", (1, 2, 3, 1, 4)),
         ("checkpoint_target", ("auto", "Block", "encoder.*")),
         ("compile_backend", ("inductor", "eager", "inductor", "aot_eager", "inductor", "inductor")),

@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import copy
+import json
 import pickle
+import subprocess
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -21,7 +24,7 @@ from workbench.optimizations import Applied, TrainStep, build, checkpointed_modu
 from workbench.optimizations.attention import apply_attention_backend
 from workbench.optimizations.checkpointing import apply_activation_checkpointing
 from workbench.optimizations.cuda_graphs import apply_cuda_graphs, snapshot_training_state
-from workbench.optimizations.precision import matmul_precision
+from workbench.optimizations.precision import fp32_precision
 from workbench.workloads.base import Workload
 
 CPU = torch.device("cpu")
@@ -139,10 +142,11 @@ def forward_loss(step: TrainStep, batch: Any) -> torch.Tensor:
 # --- build and record -------------------------------------------------------------------------
 
 
-def test_default_build_records_only_the_optimizer_and_seeds_the_model() -> None:
+def test_default_build_records_the_optimizer_and_precision_and_seeds_the_model() -> None:
     step, _ = make()
-    assert [a.toggle for a in step.applied] == ["optimizer"]
+    assert [a.toggle for a in step.applied] == ["optimizer", "matmul_precision", "cudnn_tf32"]
     assert isinstance(step.applied[0], Applied) and "AdamW" in step.applied[0].detail
+    assert "no effect on cpu" in step.applied[2].detail
     again, _ = make()
     for p, q in zip(step.model.parameters(), again.model.parameters()):
         assert torch.equal(p, q)
@@ -155,7 +159,7 @@ def test_mark_order_and_detached_device_loss() -> None:
     marks: list[str] = []
     loss = one_step(step, batches, marks.append)
     assert marks == ["forward", "backward", "forward", "backward", "optimizer"]
-    assert [a.toggle for a in step.applied] == ["optimizer", "grad_accumulation"]
+    assert [a.toggle for a in step.applied] == ["optimizer", "grad_accumulation", "matmul_precision", "cudnn_tf32"]
     assert loss.dim() == 0 and not loss.requires_grad and loss.device == CPU and loss.dtype == torch.float32
     with pytest.raises(ValueError, match="expected 2 micro-batches"):
         step([step.prepare_batch(next(batches))])
@@ -290,7 +294,8 @@ def test_fp16_creates_a_grad_scaler_that_scales_the_loss() -> None:
     step, batches = make(amp="fp16")
     assert isinstance(step.scaler, torch.amp.GradScaler)
     assert torch.isfinite(one_step(step, batches))
-    assert step.scaler.get_scale() > 0 and "GradScaler" in step.applied[-1].detail
+    amp_record = next(a for a in step.applied if a.toggle == "amp")
+    assert step.scaler.get_scale() > 0 and "GradScaler" in amp_record.detail
 
 
 # --- optimizer ----------------------------------------------------------------------------------
@@ -303,12 +308,16 @@ def test_fp16_creates_a_grad_scaler_that_scales_the_loss() -> None:
         ("adamw", "foreach", "foreach", True),
         ("adamw", "for-loop", "foreach", False),
         ("sgd", "foreach", "foreach", True),
+        ("adamw", "default", "foreach", None),  # no flag at all: PyTorch decides, as in a user's script
+        ("sgd", "default", "fused", None),
     ],
 )
-def test_optimizer_implementation_flags(optimizer: str, impl: str, flag: str, value: bool) -> None:
+def test_optimizer_implementation_flags(optimizer: str, impl: str, flag: str, value: bool | None) -> None:
     step, batches = make(optimizer=optimizer, optimizer_impl=impl, lr=0.01)
     group = step.optimizer.param_groups[0]
     assert group[flag] is value and group["lr"] == 0.01
+    if impl == "default":
+        assert group["foreach"] is None and group["fused"] is None
     expected = torch.optim.AdamW if optimizer == "adamw" else torch.optim.SGD
     assert type(step.optimizer) is expected
     if optimizer == "sgd":
@@ -322,21 +331,98 @@ def test_optimizer_implementation_flags(optimizer: str, impl: str, flag: str, va
 # --- matmul precision and attention backend --------------------------------------------------------
 
 
-def test_matmul_precision_is_scoped_to_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    # On CPU check_config refuses TF32 (it would change nothing); the scoping is what is tested.
-    with pytest.raises(ConfigError, match="matmul_precision"):
-        make(matmul_precision="high")
+# --- PyTorch's defaults and the float32 precision flags -------------------------------------------
+
+#: Run in a fresh interpreter: what PyTorch does when nobody touched anything.
+PYTORCH_UNTOUCHED = """
+import json, sys, torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+class Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+param = torch.nn.Parameter(torch.randn(8, device=sys.argv[1]))
+param.grad = torch.ones_like(param)
+optimizer = torch.optim.AdamW([param])
+with Ops() as ops:
+    optimizer.step()
+print(json.dumps({
+    "matmul_precision": torch.get_float32_matmul_precision(),
+    "cudnn_tf32": torch.backends.cudnn.allow_tf32,
+    "foreach": any(name.startswith("_foreach_") for name in ops.names),
+}))
+"""
+
+
+def pytorch_untouched(device: str) -> dict[str, Any]:
+    """A fresh process's float32 flags, and whether a plain AdamW's step ran foreach kernels."""
+    proc = subprocess.run([sys.executable, "-c", PYTORCH_UNTOUCHED, device], capture_output=True, text=True,
+                          timeout=120, check=True)  # fmt: skip
+    return dict(json.loads(proc.stdout))
+
+
+def flags_now() -> tuple[str, bool]:
+    return torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+
+
+def test_defaults_run_what_pytorch_runs_untouched_on_this_device() -> None:
+    expected = pytorch_untouched("cpu")
+    step, batches = make()
+    seen: list[tuple[str, bool]] = []
+    step.model.register_forward_pre_hook(lambda module, args: seen.append(flags_now()))
+    ops = OpRecorder()
+    with fp32_precision("medium", False):  # the caller's own global settings must not reach the trial
+        with ops:
+            one_step(step, batches)
+        assert flags_now() == ("medium", False)
+    assert seen == [(expected["matmul_precision"], expected["cudnn_tf32"])]
+    ran_foreach = any(name.startswith("_foreach_") for name in ops.ops())
+    assert ran_foreach == expected["foreach"]
+    records = {a.toggle: a.value for a in step.applied}
+    assert records["optimizer"] == "adamw/" + ("foreach" if ran_foreach else "for-loop")
+    assert (records["matmul_precision"], records["cudnn_tf32"]) == seen[0]
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"matmul_precision": "high"}, {"matmul_precision": "medium"}, {"cudnn_tf32": False}],
+    ids=["matmul-high", "matmul-medium", "cudnn-tf32-off"],
+)
+def test_each_precision_toggle_sets_only_its_own_flag_for_the_step(
+    changes: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On CPU check_config refuses these (they would change nothing); the flags are what is tested.
+    with pytest.raises(ConfigError, match=next(iter(changes))):
+        make(**changes)
     monkeypatch.setattr("workbench.device.check_config", lambda config, device: None)
-    step, batches = make(matmul_precision="medium")
-    seen: list[str] = []
-    step.model.register_forward_pre_hook(lambda module, args: seen.append(torch.get_float32_matmul_precision()))
-    assert torch.get_float32_matmul_precision() == "highest"
+    default, _ = make()
+    step, batches = make(**changes)
+    seen: list[tuple[str, bool]] = []
+    for built in (default, step):
+        built.model.register_forward_pre_hook(lambda module, args: seen.append(flags_now()))
+    before = flags_now()
+    one_step(default, iter(default.workload.batches(default.config)))
     one_step(step, batches)
-    assert seen == ["medium"]
-    assert torch.get_float32_matmul_precision() == "highest"
-    with pytest.raises(RuntimeError), matmul_precision("high", CPU):
+    assert flags_now() == before  # restored after each step
+    names = ("matmul_precision", "cudnn_tf32")
+    expected = {**dict(zip(names, seen[0])), **changes}
+    assert seen[1] == tuple(expected[name] for name in names)
+    assert [name for name, a, b in zip(names, seen[0], seen[1]) if a != b] == list(changes)
+    assert {a.toggle: a.value for a in step.applied if a.toggle in names} == expected
+
+
+def test_the_precision_context_restores_both_flags_after_a_failing_step() -> None:
+    before = flags_now()
+    with pytest.raises(RuntimeError), fp32_precision("high", not before[1]):
+        assert flags_now() == ("high", not before[1])
         raise RuntimeError("a failing step must restore the precision too")
-    assert torch.get_float32_matmul_precision() == "highest"
+    assert flags_now() == before
 
 
 def test_attention_backend_forces_the_kernel() -> None:

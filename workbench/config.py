@@ -12,6 +12,7 @@ import itertools
 import json
 import math
 import typing
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -25,7 +26,7 @@ CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune", "max-
 CheckpointPolicy = Literal["off", "full", "selective"]
 MatmulPrecision = Literal["highest", "high", "medium"]
 OptimizerName = Literal["adamw", "sgd"]
-OptimizerImpl = Literal["for-loop", "foreach", "fused"]
+OptimizerImpl = Literal["default", "for-loop", "foreach", "fused"]
 AttentionBackend = Literal["auto", "math", "efficient", "flash", "cudnn"]
 Strategy = Literal["none", "ddp", "fsdp2"]
 CommHook = Literal["none", "fp16", "bf16"]
@@ -69,13 +70,21 @@ class TrainConfig:
     """NHWC memory format for the model's 4-D weights and the batch's 4-D inputs."""
 
     matmul_precision: MatmulPrecision = "highest"
-    """`torch.set_float32_matmul_precision`: 'high' allows TF32 on NVIDIA Ampere and newer."""
+    """`torch.set_float32_matmul_precision`, float32 matmuls only: 'highest' (PyTorch's default) is full
+    fp32, 'high' allows TF32 on NVIDIA Ampere and newer, 'medium' bfloat16-based kernels."""
+
+    cudnn_tf32: bool = True
+    """`torch.backends.cudnn.allow_tf32`: cuDNN convolutions may use TF32 on NVIDIA Ampere and newer.
+    On is PyTorch's default (even while matmuls stay 'highest'); off gives strict fp32 convolutions,
+    e.g. for a numerics study. cuDNN runs on CUDA only."""
 
     optimizer: OptimizerName = "adamw"
     """Optimizer algorithm: AdamW, or SGD with momentum 0.9."""
 
-    optimizer_impl: OptimizerImpl = "for-loop"
-    """Kernel strategy: one kernel per parameter ('for-loop'), batched ('foreach'), or fused."""
+    optimizer_impl: OptimizerImpl = "default"
+    """Kernel strategy: 'default' leaves it to PyTorch, as a script that never chose would (foreach
+    on CUDA, a for-loop on CPU; the trial records which); or force one kernel per parameter
+    ('for-loop'), batched ('foreach'), or fused."""
 
     lr: float = 1e-3
     """Learning rate of the optimizer (the same for every candidate keeps losses comparable)."""
@@ -205,6 +214,29 @@ class TrainConfig:
         """Short label: the fields that differ from the defaults ('amp=bf16, channels_last=True')."""
         changed = TrainConfig().diff(self)
         return ", ".join(f"{k}={v[1]}" for k, v in changed.items()) or "defaults"
+
+
+# --- what PyTorch's defaults resolved to ---------------------------------------------------
+
+#: `applied` records that say which kernels and precision a trial really ran with, defaults
+#: resolved: 'optimizer' ('adamw/foreach': the algorithm and the implementation PyTorch picked
+#: for optimizer_impl='default'), 'matmul_precision' and 'cudnn_tf32' (the flags set for the step).
+RESOLVED_TOGGLES = ("optimizer", "matmul_precision", "cudnn_tf32")
+
+
+def resolved_settings(applied: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """toggle -> value of a result's `RESOLVED_TOGGLES` records (a result's `applied` list).
+
+    A trial recorded before the precision flags were recorded lacks some of them, so its
+    settings differ from any newer trial's: it is not known to have run the same kernels.
+    """
+    return {a["toggle"]: a["value"] for a in applied if a.get("toggle") in RESOLVED_TOGGLES}
+
+
+def resolved_optimizer_impl(applied: Iterable[Mapping[str, Any]]) -> str | None:
+    """The optimizer implementation a trial ran ('for-loop', 'foreach', 'fused'), None if unrecorded."""
+    value = resolved_settings(applied).get("optimizer")
+    return str(value).rpartition("/")[2] if value else None
 
 
 # --- field metadata ----------------------------------------------------------------

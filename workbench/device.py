@@ -129,6 +129,7 @@ def _capabilities_cached(device_str: str) -> dict[str, dict[Any, Availability]]:
         "compile",
         "cuda_graphs",
         "matmul_precision",
+        "cudnn_tf32",
         "optimizer_impl",
         "attention_backend",
         "pin_memory",
@@ -237,7 +238,32 @@ def _matmul_precision(value: str, dev: torch.device) -> Availability:
     return ALWAYS
 
 
+def _cudnn_tf32(value: bool, dev: torch.device) -> Availability:
+    """On is PyTorch's default everywhere (the flag is set, harmlessly, on CPU too); off is
+    refused where it would change nothing, as matmul_precision's TF32 values are."""
+    import torch
+
+    if value:
+        return ALWAYS
+    if dev.type != "cuda":
+        return Availability(
+            False, "cuDNN TF32 is an NVIDIA Ampere+ convolution mode; on CPU turning it off changes nothing"
+        )
+    if not torch.backends.cudnn.is_available():
+        return Availability(False, "this PyTorch build has no cuDNN, so no convolution uses TF32 to turn off")
+    major, _ = torch.cuda.get_device_capability(dev)
+    if major < 8:
+        return Availability(
+            False, f"TF32 needs compute capability 8.0+, this GPU is {major}.x: its convolutions are fp32"
+        )
+    return ALWAYS
+
+
 def _optimizer_impl(value: str, dev: torch.device) -> Availability:
+    if value == "default":
+        from workbench.optimizations.optimizer import default_impl_on
+
+        return Availability(True, f"PyTorch's choice on {dev.type}: {default_impl_on(dev.type)}")
     if value != "fused":
         return ALWAYS
     import torch
@@ -361,6 +387,7 @@ _PROBES: dict[str, Any] = {
     "compile": _compile,
     "cuda_graphs": _cuda_graphs,
     "matmul_precision": _matmul_precision,
+    "cudnn_tf32": _cudnn_tf32,
     "optimizer_impl": _optimizer_impl,
     "attention_backend": _attention_backend,
     "pin_memory": _pin_memory,

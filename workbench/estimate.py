@@ -155,7 +155,7 @@ def estimate_memory(
     `batch_size` overrides the config's. Runs in seconds on a CPU, whatever the batch size.
     """
     config = config or TrainConfig()
-    with fake_train_step(workload, config, preset=preset) as fake:
+    with fake_train_step(workload, config, preset=preset, cuda=is_cuda_device_name(device_name)) as fake:
         return fake.estimate(device_name, batch_size or fake.default_batch_size)
 
 
@@ -173,7 +173,8 @@ def max_batch_size(
     The default budget is `DEFAULT_USABLE_FRACTION` of the device's memory from the peak table.
     One model is built; every probe is a fake step (see `FakeStep.max_batch_size`).
     """
-    with fake_train_step(workload, config or TrainConfig(), preset=preset) as fake:
+    cuda = is_cuda_device_name(device_name)
+    with fake_train_step(workload, config or TrainConfig(), preset=preset, cuda=cuda) as fake:
         return fake.max_batch_size(device_name, memory_budget, limit=limit)
 
 
@@ -294,8 +295,10 @@ class FakeStep:
 
 
 @contextmanager
-def fake_train_step(workload: Workload | str, config: TrainConfig, *, preset: str = "tiny") -> Iterator[FakeStep]:
-    """Build `config`'s step on the CPU, then swap its tensors for fake ones.
+def fake_train_step(
+    workload: Workload | str, config: TrainConfig, *, preset: str = "tiny", cuda: bool = False
+) -> Iterator[FakeStep]:
+    """Build `config`'s step on the CPU, then swap its tensors for fake ones (`cuda`: as a GPU would run it).
 
     The model is built for real (a fake model cannot be moved with `.to()`: PyTorch swaps
     fake parameters and refuses, "Cannot swap t2 because it has weakref") and then faked, so
@@ -308,7 +311,7 @@ def fake_train_step(workload: Workload | str, config: TrainConfig, *, preset: st
     from workbench.optimizations.build import build
 
     wl = load_workload(workload, preset=preset, **config.extra) if isinstance(workload, str) else workload
-    cpu_config, notes = cpu_equivalent(config)
+    cpu_config, notes = cpu_equivalent(config, cuda=cuda)
     capabilities("cpu")  # probes run real ops: run them before fake mode, once (cached)
     sample = _sample_batch(wl, cpu_config)
     rng = torch.get_rng_state()
@@ -321,10 +324,20 @@ def fake_train_step(workload: Workload | str, config: TrainConfig, *, preset: st
         torch.set_rng_state(rng)
 
 
-def cpu_equivalent(config: TrainConfig) -> tuple[TrainConfig, list[str]]:
-    """The config as the CPU can build it, with a note for each toggle whose memory effect is not modelled."""
+def cpu_equivalent(config: TrainConfig, *, cuda: bool = False) -> tuple[TrainConfig, list[str]]:
+    """The config as the CPU can build it, with a note for each toggle whose memory effect is not modelled.
+
+    `cuda`: the estimate is for a GPU, so optimizer_impl='default' is built as PyTorch's choice
+    there (foreach, whose temporaries the for-loop it picks on CPU does not hold).
+    """
     changes: dict[str, Any] = {}
     notes: list[str] = []
+    if config.optimizer_impl == "default" and cuda:
+        from workbench.optimizations.optimizer import default_impl_on
+
+        changes["optimizer_impl"] = default_impl_on("cuda")
+    if not config.cudnn_tf32:
+        changes["cudnn_tf32"] = True  # convolution precision; no effect on memory
     if config.compile != "off":
         changes.update(compile="off", compile_backend="inductor", compile_fullgraph=False, compile_dynamic=None)
         notes.append("estimated as eager: compile usually lowers activation memory (fusion), so this is an upper bound")

@@ -193,7 +193,7 @@ def to_snippet(config: TrainConfig, *, device: str = "cuda") -> str:
     if config.activation_checkpointing != "off":
         _add_checkpointing(snippet, config.activation_checkpointing)
     snippet.functions.append(_optimize_model(config))
-    snippet.functions.append(_make_optimizer(config))
+    snippet.functions.append(_make_optimizer(config, device))
     snippet.imports.add("from torch.utils.data import DataLoader, Dataset")
     snippet.functions.append(_make_loader(config, device))
     if config.attention_backend != "auto":
@@ -215,9 +215,9 @@ def _header(config: TrainConfig, device: str) -> list[str]:
     ]
     changed = TrainConfig().diff(config)
     if not changed:
-        lines.append("# Configuration: the workbench defaults (fp32, eager, AdamW, no loader workers).")
+        lines.append("# Configuration: PyTorch defaults (fp32, eager, AdamW, no loader workers).")
     else:
-        lines.append("# Configuration (the fields that differ from the workbench defaults):")
+        lines.append("# Configuration (the fields that differ from PyTorch defaults):")
     for name, (_, value) in changed.items():
         shown = json.dumps(value) if name == "extra" else _cli_text(value)
         what = _what(name, value, config)
@@ -270,8 +270,13 @@ def _what(name: str, value: Any, config: TrainConfig) -> str:
         "cuda_graphs": "capture the whole step as one CUDA graph and replay it",
         "channels_last": "NHWC memory format for 4-D weights and inputs",
         "matmul_precision": f"float32 matmuls may use {'TF32' if value == 'high' else 'bfloat16 kernels'}",
+        "cudnn_tf32": {False: "strict fp32 convolutions (cuDNN may not use TF32)"},
         "optimizer": "SGD with momentum 0.9 instead of AdamW",
-        "optimizer_impl": {"foreach": "batched (foreach) optimizer kernels", "fused": "fused optimizer kernel"},
+        "optimizer_impl": {
+            "for-loop": "one optimizer kernel per parameter",
+            "foreach": "batched (foreach) optimizer kernels",
+            "fused": "fused optimizer kernel",
+        },
         "lr": "learning rate",
         "attention_backend": f"scaled_dot_product_attention forced to the {value} kernel",
         "batch_size": "samples per micro-batch",
@@ -307,14 +312,19 @@ def _add_statements(snippet: _Snippet, config: TrainConfig, device: str) -> None
         "# the one that builds your model.\n"
         "torch.manual_seed(SEED)"
     )
+    # Float32 precision: each flag is written only when it differs from PyTorch's default,
+    # which is the same on every device (matmuls 'highest', cuDNN convolutions TF32 allowed).
     if config.matmul_precision != "highest":
         what = "TF32 (10-bit mantissa)" if config.matmul_precision == "high" else "bfloat16-based kernels"
         why = f"float32 matmuls may use {what}: faster, a little less precise (on NVIDIA GPUs from Ampere on)."
-        code = [f"torch.set_float32_matmul_precision({_q(config.matmul_precision)})"]
-        if device.startswith("cuda"):
-            why += " cuDNN convolutions may use TF32 too (PyTorch's default, made explicit here)."
-            code.append("torch.backends.cudnn.allow_tf32 = True")
-        snippet.statements.append("\n".join([*_comment(why, indent="# "), *code]))
+        code = f"torch.set_float32_matmul_precision({_q(config.matmul_precision)})"
+        snippet.statements.append("\n".join([*_comment(why, indent="# "), code]))
+    if not config.cudnn_tf32:
+        why = (
+            "Strict fp32 convolutions: cuDNN may not use TF32, which PyTorch allows by default "
+            "(on NVIDIA GPUs from Ampere on; CPU convolutions never use it)."
+        )
+        snippet.statements.append("\n".join([*_comment(why, indent="# "), "torch.backends.cudnn.allow_tf32 = False"]))
     if config.amp == "fp16":
         snippet.statements.append(
             "# fp16 gradients underflow: GradScaler scales the loss up before backward, unscales\n"
@@ -443,14 +453,28 @@ def _compile_lines(config: TrainConfig) -> list[str]:
     return [*lines, *_call("return torch.compile", args, indent=4)]
 
 
-def _make_optimizer(config: TrainConfig) -> str:
-    """`make_optimizer`: AdamW or SGD(momentum 0.9) with the measured kernel strategy."""
-    why = {
-        "for-loop": "foreach=False: one kernel per parameter, as measured (PyTorch's default on a GPU is foreach).",
-        "foreach": "foreach=True: each update op runs as one batched kernel over all parameters.",
-        "fused": "fused=True: one fused kernel does the whole update for all parameters.",
-    }[config.optimizer_impl]
-    flag = {"for-loop": "foreach=False", "foreach": "foreach=True", "fused": "fused=True"}[config.optimizer_impl]
+def _make_optimizer(config: TrainConfig, device: str) -> str:
+    """`make_optimizer`: AdamW or SGD(momentum 0.9) with the measured kernel strategy.
+
+    optimizer_impl='default' is written out as what PyTorch picks on `device` (foreach on CUDA,
+    the for-loop on CPU): a trial on that device measured exactly that, and the pasted step
+    must not depend on where, or with which PyTorch, it later runs.
+    """
+    impl: str = config.optimizer_impl
+    source = ""
+    if impl == "default":
+        from workbench.optimizations.optimizer import default_impl_on
+
+        device_type = device.split(":")[0]
+        impl = default_impl_on(device_type)
+        source = f" (PyTorch's default on {device_type}, written out as measured)"
+    flag = {"for-loop": "foreach=False", "foreach": "foreach=True", "fused": "fused=True"}[impl]
+    effect = {
+        "for-loop": "one kernel per parameter and update op.",
+        "foreach": "each update op runs as one batched kernel over all parameters.",
+        "fused": "one fused kernel does the whole update for all parameters.",
+    }[impl]
+    why = f"{flag}{source}: {effect}"
     name = "AdamW" if config.optimizer == "adamw" else "SGD with momentum 0.9"
     args = ["params", f"lr={config.lr!r}"] + (["momentum=0.9"] if config.optimizer == "sgd" else []) + [flag]
     comments = _comment(why, indent="    # ")

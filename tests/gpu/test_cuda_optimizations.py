@@ -4,6 +4,9 @@ kernels, TF32 scoping. They skip themselves without a GPU and run on a lent GPU 
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from itertools import islice
 from typing import Any
 
@@ -144,15 +147,75 @@ def test_flash_attention_backend_runs_the_flash_kernel() -> None:
     assert not any("flash" in n for n in names["math"])
 
 
-def test_tf32_is_scoped_to_the_step() -> None:
+#: Run in a fresh interpreter: what PyTorch does on CUDA when nobody touched anything.
+PYTORCH_UNTOUCHED = """
+import json, torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+class Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+param = torch.nn.Parameter(torch.randn(8, device="cuda"))
+param.grad = torch.ones_like(param)
+optimizer = torch.optim.AdamW([param])
+with Ops() as ops:
+    optimizer.step()
+print(json.dumps({
+    "matmul_precision": torch.get_float32_matmul_precision(),
+    "cudnn_tf32": torch.backends.cudnn.allow_tf32,
+    "foreach": any(name.startswith("_foreach_") for name in ops.names),
+}))
+"""
+
+
+def _flags() -> tuple[str, bool, bool]:
+    """float32 matmul precision, cuDNN's TF32 switch, and the cuBLAS TF32 switch it implies."""
+    return torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+
+
+def test_defaults_run_what_pytorch_runs_untouched_on_cuda() -> None:
+    proc = subprocess.run([sys.executable, "-c", PYTORCH_UNTOUCHED], capture_output=True, text=True, check=True)
+    expected = json.loads(proc.stdout)
+    # What the issue promises, as a fresh PyTorch reports it: foreach optimizer, cuDNN TF32 on, matmuls 'highest'.
+    assert (expected["foreach"], expected["cudnn_tf32"], expected["matmul_precision"]) == (True, True, "highest")
+    config = TrainConfig()
+    step = build(WORKLOAD, config, "cuda")
+    seen: list[tuple[str, bool, bool]] = []
+    step.base_model.register_forward_pre_hook(lambda module, args: seen.append(_flags()))
+    ops = OpNames()
+    with ops:
+        step(_steps(step, config, 1)[0])
+    assert seen == [(expected["matmul_precision"], expected["cudnn_tf32"], False)]
+    assert any(name.startswith("_foreach_") for name in ops.names) == expected["foreach"]
+    records = {a.toggle: a.value for a in step.applied}
+    assert records["optimizer"] == "adamw/foreach"
+    assert (records["matmul_precision"], records["cudnn_tf32"]) == (
+        expected["matmul_precision"],
+        expected["cudnn_tf32"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("changes", "inside"),
+    [({"matmul_precision": "high"}, ("high", True, True)), ({"cudnn_tf32": False}, ("highest", False, False))],
+    ids=["matmul-high", "cudnn-tf32-off"],
+)
+def test_each_tf32_toggle_sets_only_its_flag_scoped_to_the_step(
+    changes: dict[str, Any], inside: tuple[str, bool, bool]
+) -> None:
     if torch.cuda.get_device_capability() < (8, 0):
         pytest.skip("TF32 needs compute capability 8.0+")
-    config = TrainConfig(matmul_precision="high")
+    config = TrainConfig(**changes)
     step = build(WORKLOAD, config, "cuda")
-    seen: list[bool] = []
-    step.base_model.register_forward_pre_hook(lambda module, args: seen.append(torch.backends.cuda.matmul.allow_tf32))
-    before = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
+    seen: list[tuple[str, bool, bool]] = []
+    step.base_model.register_forward_pre_hook(lambda module, args: seen.append(_flags()))
+    before = _flags()
     step(_steps(step, config, 1)[0])
-    assert seen == [True]
-    assert (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32) == before
-    assert torch.backends.cuda.matmul.allow_tf32 is False
+    assert seen == [inside]
+    assert _flags() == before

@@ -96,3 +96,16 @@ def test_fp16_snippet_trains_through_the_grad_scaler(tmp_path: Path) -> None:
     assert_learns(losses)
     scaler = ns["scaler"]
     assert isinstance(scaler, torch.amp.GradScaler) and scaler.get_scale() > 0
+
+
+def test_default_snippet_runs_the_optimizer_a_default_trial_measured(tmp_path: Path) -> None:
+    from workbench.optimizations import build
+    from workbench.workloads import Workload
+
+    workload = Workload.from_callables(TinyNet, lambda out, batch: out.sum(), batch_fn=lambda n, g: (
+        torch.randn(n, 3, 8, 8, generator=g),), batch_size=2)  # fmt: skip
+    measured = build(workload, TrainConfig(), "cuda")
+    ran = next(a.value for a in measured.applied if a.toggle == "optimizer")
+    ns = load(TrainConfig(), tmp_path)
+    optimizer = ns["make_optimizer"](ns["optimize_model"](TinyNet()))
+    assert ran == "adamw/foreach" and optimizer.param_groups[0]["foreach"] is True

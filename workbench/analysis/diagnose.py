@@ -24,7 +24,7 @@ from typing import Any, Literal
 from workbench.analysis import recommend
 from workbench.analysis.flops import FlopCount, Mfu, model_flops_utilization
 from workbench.analysis.recommend import Recommendation
-from workbench.config import TrainConfig
+from workbench.config import TrainConfig, resolved_optimizer_impl
 from workbench.measure.result import TrialResult
 
 Kind = Literal["data", "overhead", "sync", "compute", "memory-bandwidth", "memory", "distributed"]
@@ -198,6 +198,7 @@ def _context(result: TrialResult) -> recommend.Context:
         step_ms=float(result.median_step_ms or 0.0),
         phase_ms=result.phase_medians_ms(),
         batch_size=result.batch_size,
+        optimizer_impl=resolved_optimizer_impl(result.applied) or "",
     )
 
 

@@ -66,6 +66,8 @@ class Context:
     step_ms: float
     phase_ms: dict[str, float] = field(default_factory=dict)
     batch_size: int = 0
+    optimizer_impl: str = ""
+    """The optimizer implementation the trial ran (optimizer_impl='default' resolved); '' if unrecorded."""
 
     def available(self, name: str, value: Any) -> bool:
         table = self.capabilities.get(name)
@@ -165,7 +167,7 @@ def for_overhead(ctx: Context, optimizer_share: float) -> list[Recommendation]:
         order = [graphs, reduce, foreach, batch, fuse]
     else:
         order = [foreach, batch, fuse] if optimizer_share >= 0.2 else [batch, fuse, foreach]
-    if optimizer_share < 0.1 or ctx.config.optimizer_impl != "for-loop":
+    if optimizer_share < 0.1 or (ctx.optimizer_impl or ctx.config.optimizer_impl) != "for-loop":
         order = [r for r in order if r is not foreach]
     if bigger is None:
         order = [r for r in order if r is not batch]

@@ -22,7 +22,7 @@ from workbench.optimizations.cuda_graphs import CudaGraphStep, apply_cuda_graphs
 from workbench.optimizations.distributed import apply_data_parallel
 from workbench.optimizations.memory_format import apply_channels_last, to_channels_last
 from workbench.optimizations.optimizer import apply_optimizer
-from workbench.optimizations.precision import apply_matmul_precision
+from workbench.optimizations.precision import apply_fp32_precision
 from workbench.optimizations.record import Applied
 from workbench.workloads.base import Batch, Workload, move_batch
 
@@ -77,10 +77,16 @@ def build(workload: Workload, config: TrainConfig, device: str | torch.device | 
     # 4. AMP: autocast around forward+loss, GradScaler for fp16. Autocast's cast cache must be
     #    off under CUDA graph capture.
     autocast, scaler, amp_record = apply_amp(config.amp, dev, cache_enabled=not config.cuda_graphs)
-    # 5. matmul precision / attention backend: contexts scoped to the step (no global leaks).
-    precision, precision_record = apply_matmul_precision(config.matmul_precision, dev)
+    # 5. float32 precision (matmuls, cuDNN convolutions) / attention backend: contexts scoped to
+    #    the step (no global leaks). Precision is always recorded: the result must say which
+    #    precision its kernels ran with, defaults included.
+    precision, precision_records = apply_fp32_precision(config.matmul_precision, config.cudnn_tf32, dev)
     attention, attention_record = apply_attention_backend(config.attention_backend)
-    applied.extend(r for r in (amp_record, precision_record, attention_record) if r is not None)
+    if amp_record is not None:
+        applied.append(amp_record)
+    applied.extend(precision_records)
+    if attention_record is not None:
+        applied.append(attention_record)
     # 6. compile last among module changes: it traces the final forward, and the contexts of
     #    steps 4-5 are active at trace time, so they are compiled in.
     if config.compile != "off":

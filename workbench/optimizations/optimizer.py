@@ -1,9 +1,15 @@
-"""The optimizer and its kernel strategy: one kernel per parameter, batched (foreach), or fused.
+"""The optimizer and its kernel strategy: PyTorch's own choice, one kernel per parameter, batched
+(foreach), or fused.
 
 Created only after the model is final (moved, converted to channels_last, checkpoint-wrapped)
 so it holds the parameters that will really train. Under CUDA graphs Adam(W) needs
 `capturable=True`: its step counter then lives on the device, so no host value is baked
 into the captured graph.
+
+`optimizer_impl='default'` passes neither `foreach` nor `fused`, exactly as a script that never
+chose would, and records what PyTorch picks for these parameters. PyTorch makes that choice
+inside each `step()` with a private helper; we ask the same helper, and tests pin its answer
+against the kernels that really run.
 """
 
 from __future__ import annotations
@@ -20,16 +26,38 @@ from workbench.optimizations.record import Applied
 SGD_MOMENTUM = 0.9
 
 _IMPL_FLAGS: dict[str, dict[str, bool]] = {
+    "default": {},
     "for-loop": {"foreach": False},
     "foreach": {"foreach": True},
     "fused": {"fused": True},
 }
 
 
+def pytorch_default_impl(params: Iterable[torch.Tensor]) -> str:
+    """'foreach' or 'for-loop': what torch.optim's Adam(W) and SGD run with neither flag given.
+
+    Both call `_default_to_fused_or_foreach(params, differentiable=False, use_fused=False)` in
+    `step()`: foreach when every parameter is a supported tensor type on a foreach device (CUDA,
+    not the CPU).
+    """
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+
+    _, foreach = _default_to_fused_or_foreach(list(params), False, use_fused=False)
+    return "foreach" if foreach else "for-loop"
+
+
+def default_impl_on(device_type: str) -> str:
+    """`pytorch_default_impl` for plain parameters on a device type, without needing that device."""
+    from torch.optim.optimizer import _get_foreach_kernels_supported_devices
+
+    return "foreach" if device_type in _get_foreach_kernels_supported_devices() else "for-loop"
+
+
 def apply_optimizer(
     params: Iterable[nn.Parameter] | nn.Module, name: str, impl: str, lr: float, *, capturable: bool = False
 ) -> tuple[torch.optim.Optimizer, Applied]:
-    """Build `name` ('adamw' | 'sgd') with the `impl` kernel strategy; always recorded."""
+    """Build `name` ('adamw' | 'sgd') with the `impl` kernel strategy; always recorded, with the
+    strategy that really runs ('default' resolved to PyTorch's choice)."""
     if impl not in _IMPL_FLAGS:
         raise ConfigError(f"optimizer_impl={impl!r} is not valid; choose one of: {', '.join(_IMPL_FLAGS)}")
     if isinstance(params, nn.Module):
@@ -52,5 +80,9 @@ def apply_optimizer(
         raise ConfigError(f"optimizer={name!r} is not valid; choose one of: adamw, sgd")
     count = sum(p.numel() for p in trainable)
     flag_text = ", ".join(f"{k}={v}" for k, v in flags.items())
+    resolved = impl
+    if impl == "default":
+        resolved = pytorch_default_impl(trainable)
+        flag_text = ", ".join(filter(None, [f"PyTorch's default for these parameters: {resolved}", flag_text]))
     detail = f"{what} lr={lr} over {len(trainable)} tensors ({count:,} parameters), {flag_text}"
-    return optimizer, Applied("optimizer", f"{name}/{impl}", detail)
+    return optimizer, Applied("optimizer", f"{name}/{resolved}", detail)

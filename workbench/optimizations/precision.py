@@ -1,8 +1,12 @@
-"""float32 matmul precision (TF32 on NVIDIA Ampere+), scoped to the step instead of set globally.
+"""float32 precision of matmuls and of cuDNN convolutions: two PyTorch flags, scoped to the step.
 
-`torch.set_float32_matmul_precision` is process-global; setting it for good would leak one
-trial's choice into the next trial run in the same process (inline mode, tests). The context
-sets it on entry and restores the previous value on exit.
+`torch.set_float32_matmul_precision` (matmuls; TF32 on NVIDIA Ampere+ at 'high') and
+`torch.backends.cudnn.allow_tf32` (convolutions) are separate switches with separate defaults:
+PyTorch keeps matmuls at 'highest' but lets cuDNN convolve in TF32. Both are process-global,
+so setting them for good would leak one trial's choice into the next trial run in the same
+process (inline mode, tests). The context sets both on entry, every step and at their defaults
+too (a caller's own global setting must not change what a trial measures), and restores them
+on exit.
 """
 
 from __future__ import annotations
@@ -20,13 +24,12 @@ PRECISIONS = ("highest", "high", "medium")
 
 
 @contextmanager
-def matmul_precision(precision: str, device: torch.device) -> Iterator[None]:
-    """Set float32 matmul precision (and cuDNN's TF32 switch on CUDA) until the block exits."""
+def fp32_precision(matmul: str, cudnn_tf32: bool) -> Iterator[None]:
+    """Set float32 matmul precision and cuDNN's TF32 switch until the block exits."""
     previous = torch.get_float32_matmul_precision()
     previous_cudnn = torch.backends.cudnn.allow_tf32
-    torch.set_float32_matmul_precision(precision)
-    if device.type == "cuda":
-        torch.backends.cudnn.allow_tf32 = precision != "highest"
+    torch.set_float32_matmul_precision(matmul)
+    torch.backends.cudnn.allow_tf32 = cudnn_tf32
     try:
         yield
     finally:
@@ -34,22 +37,27 @@ def matmul_precision(precision: str, device: torch.device) -> Iterator[None]:
         torch.backends.cudnn.allow_tf32 = previous_cudnn
 
 
-def apply_matmul_precision(precision: str, device: torch.device) -> tuple[ContextFactory | None, Applied | None]:
-    """A context factory for the step; (None, None) for 'highest' on CPU (PyTorch's default).
-
-    On CUDA 'highest' still gets a context: PyTorch allows TF32 in cuDNN convolutions by
-    default, so without it an "fp32" baseline would quietly convolve in TF32.
-    """
-    if precision not in PRECISIONS:
-        raise ConfigError(f"matmul_precision={precision!r} is not valid; choose one of: {', '.join(PRECISIONS)}")
+def apply_fp32_precision(matmul: str, cudnn_tf32: bool, device: torch.device) -> tuple[ContextFactory, list[Applied]]:
+    """A context factory for the step, and one record per flag with the value it runs with."""
+    if matmul not in PRECISIONS:
+        raise ConfigError(f"matmul_precision={matmul!r} is not valid; choose one of: {', '.join(PRECISIONS)}")
+    if not isinstance(cudnn_tf32, bool):
+        raise ConfigError(f"cudnn_tf32 must be true or false, got {cudnn_tf32!r}")
 
     def context() -> AbstractContextManager[None]:
-        return matmul_precision(precision, device)
+        return fp32_precision(matmul, cudnn_tf32)
 
-    if precision == "highest":
-        return (context, None) if device.type == "cuda" else (None, None)
-
-    detail = f"torch.set_float32_matmul_precision('{precision}') for the step, restored after it"
-    if device.type == "cuda":
-        detail += "; cuDNN TF32 allowed for convolutions"
-    return context, Applied("matmul_precision", precision, detail)
+    what = {"highest": "full fp32", "high": "TF32 allowed", "medium": "bfloat16-based kernels allowed"}[matmul]
+    matmul_detail = f"float32 matmuls: {what}; torch.set_float32_matmul_precision('{matmul}') for the step"
+    conv = "TF32 allowed" if cudnn_tf32 else "strict fp32"
+    cudnn_detail = f"cuDNN convolutions: {conv}; torch.backends.cudnn.allow_tf32={cudnn_tf32} for the step"
+    if matmul == "highest":
+        matmul_detail += " (PyTorch's default)"
+    if cudnn_tf32:
+        cudnn_detail += " (PyTorch's default)"
+    if device.type != "cuda":
+        cudnn_detail += f"; no effect on {device.type}, whose convolutions do not use cuDNN"
+    return context, [
+        Applied("matmul_precision", matmul, matmul_detail),
+        Applied("cudnn_tf32", cudnn_tf32, cudnn_detail),
+    ]
