@@ -4,6 +4,7 @@ exits non-zero on a deliberately slower step and zero on an unchanged rerun."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -20,7 +21,8 @@ from workbench.analysis.regress import Baseline, SuiteError, check_one, load_sui
 from workbench.api import run_trials
 from workbench.cli import main
 from workbench.config import TrainConfig
-from workbench.store import Store, UnknownReference, parse_reference
+from workbench.measure import TrialResult
+from workbench.store import Store, UnknownReference, parse_reference, records
 from workbench.store.reference import find_baselines
 
 REPO = Path(__file__).resolve().parent.parent
@@ -94,6 +96,50 @@ def test_numerics_mismatch_and_failed_trials_fail_while_no_baseline_passes() -> 
     assert crashed.status == "failed" and "oom" in crashed.reasons[0]
     first = check_one("plain", [fake_result(steps(100), warmup=2)], None, threshold=0.05)
     assert first.status == "no baseline" and not first.reasons
+
+
+def test_a_reference_that_resolved_pytorchs_defaults_differently_is_not_compared() -> None:
+    reference = [fake_result(steps(100), warmup=2)]  # its optimizer ran as a for-loop
+    now = fake_result(steps(70, seed=1), warmup=2)
+    now.applied = [{"toggle": "optimizer", "value": "adamw/foreach", "detail": "AdamW, PyTorch's default"}]
+    row = check_one("plain", [now], Baseline("run 1 @ aaaa", reference), threshold=0.05)
+    assert row.status == "no baseline" and row.speedup is None and not row.reasons
+    assert "optimizer: adamw/for-loop -> adamw/foreach" in row.notes[0] and "run 1 @ aaaa" in row.notes[0]
+    now.applied = [*reference[0].applied, {"toggle": "cudnn_tf32", "value": True, "detail": "TF32 allowed"}]
+    row = check_one("plain", [now], Baseline("run 1 @ aaaa", reference), threshold=0.05)
+    assert row.status == "no baseline" and "cudnn_tf32: not recorded -> True" in row.notes[0]
+    same = check_one("plain", [fake_result(steps(70, seed=1), warmup=2)], Baseline("ref", reference), 0.05)
+    assert same.speedup is not None and not same.notes
+
+
+def old_defaults_result() -> TrialResult:
+    """A trial as stored before the defaults became PyTorch's: a for-loop optimizer, every field
+    written out, no cudnn_tf32 field and no precision records (on CUDA it convolved in strict fp32)."""
+    result = fake_result(steps(100), commit=COMMIT_A)
+    result.config = {**TrainConfig().to_dict(), "optimizer_impl": "for-loop", "matmul_precision": "highest"}
+    del result.config["cudnn_tf32"]
+    result.applied = [{"toggle": "optimizer", "value": "adamw/for-loop", "detail": "AdamW, foreach=False"}]
+    return result
+
+
+def test_a_reference_stored_under_the_old_defaults_is_not_comparable_with_the_new_default_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    suite = parse_suite({**SUITE, "configurations": [{"name": "plain", "config": ""}]})
+    with Store(tmp_path / "history.sqlite") as store:
+        # Keyed as the code before stored it: a hash of the fields that differed from ITS defaults, none.
+        monkeypatch.setattr(records, "config_key", lambda config: hashlib.sha256(b"{}").hexdigest()[:24])
+        old_run = store.save_run([old_defaults_result()], labels=["plain"])
+        monkeypatch.undo()
+        assert find_baselines(suite, parse_reference("latest", store), store, HERE) == {"plain": []}
+        with pytest.raises(UnknownReference, match="no stored trial comparable"):
+            find_baselines(suite, parse_reference(f"run:{old_run}", store), store, HERE)
+        # Saved (imported) by this version, the old config is keyed by what it ran: not the defaults.
+        store.save_run([old_defaults_result()], labels=["plain"])
+        assert find_baselines(suite, parse_reference("latest", store), store, HERE) == {"plain": []}
+        new_run = store.save_run([fake_result(steps(100), commit=COMMIT_B)], labels=["plain"])
+        found = find_baselines(suite, parse_reference("latest", store), store, HERE)
+        assert [t.run_id for t in found["plain"]] == [new_run]
 
 
 # --- REF resolution ---------------------------------------------------------------------------

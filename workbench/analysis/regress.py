@@ -22,7 +22,7 @@ from typing import Any, Literal
 import numpy as np
 
 from workbench.analysis.compare import compare_trials
-from workbench.config import ConfigError, TrainConfig
+from workbench.config import RESOLVED_TOGGLES, ConfigError, TrainConfig, resolved_settings
 from workbench.measure.result import TrialResult
 
 RowStatus = Literal["pass", "regression", "failed", "no baseline"]
@@ -201,6 +201,11 @@ def check_one(
                                  current_trial_ids=ids)  # fmt: skip
         return RegressionRow(name, label, "no baseline", [], "", current_median_ms=_pooled_median(current),
                              current_trial_ids=ids)  # fmt: skip
+    unlike = _resolved_difference(baseline.runs, current)
+    if unlike:
+        note = f"not compared with {baseline.label}: it ran with different resolved settings ({unlike})"
+        return RegressionRow(name, label, "no baseline", [], "", current_median_ms=_pooled_median(current),
+                             notes=[note], current_trial_ids=ids)  # fmt: skip
     row = compare_trials(baseline.runs, [current], confidence=confidence).candidates[0]
     result = RegressionRow(
         name, label, "pass", [], baseline.label,
@@ -258,6 +263,21 @@ def format_report(report: RegressionReport) -> str:
 def _pooled_median(runs: Sequence[TrialResult]) -> float | None:
     steps = [t for r in runs if r.ok for t in r.step_ms]
     return float(np.median(steps)) if steps else None
+
+
+def _resolved_difference(reference: Sequence[TrialResult], current: Sequence[TrialResult]) -> str:
+    """'' when both sides ran the same optimizer implementation and float32 precision flags.
+
+    The store matches configurations by what was asked for; this checks what it resolved to
+    (`optimizer_impl='default'` is PyTorch's choice, which a new PyTorch may change). Only
+    trials that ran are compared: a failed one may have built nothing.
+    """
+    ref, cur = (next((r for r in side if r.ok), None) for side in (reference, current))
+    if ref is None or cur is None:
+        return ""
+    before, now = resolved_settings(ref.applied), resolved_settings(cur.applied)
+    changed = [k for k in RESOLVED_TOGGLES if before.get(k) != now.get(k)]
+    return "; ".join(f"{k}: {before.get(k, 'not recorded')} -> {now.get(k, 'not recorded')}" for k in changed)
 
 
 def _environment_notes(reference: TrialResult, current: TrialResult) -> list[str]:

@@ -5,6 +5,8 @@
   comparable. `extra.slow_step_ms` is left out on purpose: it simulates a *code*
   regression (a slower step under the same configuration), so a slowed run must be
   checked against the plain configuration's history, as a real slow commit would be.
+  When what the defaults *run* changes, `IDENTITY_VERSION` goes up and older keys match
+  nothing new (see there); the stored rows keep their keys, so no migration is needed.
 - `env_key`: the hardware a result was measured on (device type, name and count, CPU
   cores, OS). Software — commit, torch, CUDA, Python — is deliberately not in it: a
   commit that bumps torch and slows training is exactly what a regression check must
@@ -26,6 +28,13 @@ from workbench.measure.result import TrialResult
 
 #: `extra` options that change how a step runs, not what it computes (see the module docstring).
 NOT_IDENTITY_EXTRA = ("slow_step_ms",)
+#: Part of every config key. Rows keep the key they were stored with, so bumping this makes all
+#: earlier history incomparable with later runs. 2: the defaults became PyTorch's own — the
+#: optimizer implementation PyTorch picks (foreach on CUDA) instead of a for-loop, and cuDNN TF32
+#: for convolutions on (its own field, `cudnn_tf32`) where the old 'highest' matmul precision
+#: also turned it off on CUDA. A v1 "defaults" reference would silently compare a slower
+#: baseline with the new one; under v2 it is no baseline at all.
+IDENTITY_VERSION = 2
 #: Environment-fingerprint fields that must match for two results to be compared.
 COMPARABLE_KEYS = ("device_type", "device_name", "device_count", "cpu_cores", "platform")
 
@@ -74,7 +83,7 @@ def config_key(config: TrainConfig | dict[str, Any]) -> str:
     extra = {k: v for k, v in (data.get("extra") or {}).items() if k not in NOT_IDENTITY_EXTRA}
     if extra:
         identity["extra"] = extra
-    return _digest(identity)
+    return _digest({"identity_version": IDENTITY_VERSION, "fields": identity})
 
 
 def env_key(environment: dict[str, Any]) -> str:
