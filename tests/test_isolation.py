@@ -203,6 +203,68 @@ def test_a_model_class_defined_in_main_travels_by_value(tmp_path: Path) -> None:
     assert "STATUS ok cell-defined" in proc.stdout, proc.stdout + proc.stderr
 
 
+def test_a_script_without_a_main_guard_runs_trials_and_only_once(tmp_path: Path) -> None:
+    """The README's "From Python" shape saved as a plain script: multiprocessing's spawn would
+    re-run it in the worker and fail; the worker is a fresh `python -m` interpreter instead.
+    The side-effect counter proves the script body ran exactly once."""
+    script = tmp_path / "plain_script.py"
+    counter = tmp_path / "runs.txt"
+    script.write_text(
+        textwrap.dedent(f"""
+        from pathlib import Path
+        from workbench.api import Protocol, run_comparison
+        from workbench.config import TrainConfig
+        from workbench.measure import run_trial
+
+        with open({str(counter)!r}, "a") as f:
+            f.write("ran\\n")
+        result = run_trial("bev-perception", steps=2, warmup=1)
+        print("STATUS", result.status, result.workload)
+        outcome = run_comparison("bev-perception", TrainConfig(), [TrainConfig()], steps=2, warmup=1, store=None,
+                                 protocol=Protocol(budget_s=1, block_steps=1))
+        print("DESIGN", outcome.comparison.design, outcome.comparison.rounds)
+    """)
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False
+    )
+    assert "STATUS ok bev-perception" in proc.stdout, proc.stdout + proc.stderr
+    assert "DESIGN paired 6" in proc.stdout, proc.stdout + proc.stderr
+    assert counter.read_text().splitlines() == ["ran"]
+
+
+def test_an_orphaned_worker_ends_when_its_parent_dies(tmp_path: Path) -> None:
+    """A parent killed mid-trial (a crashed kernel) must not leave its worker burning the CPUs."""
+    script = tmp_path / "dies.py"
+    script.write_text(
+        textwrap.dedent("""
+        import os, sys, threading, time
+        from workbench.measure import run_trial, TrialStarted
+
+        def on_event(event):
+            if isinstance(event, TrialStarted):
+                print("WORKER", event.trial_id, flush=True)
+                os._exit(0)  # the parent vanishes while its worker runs
+        run_trial("bev-perception", steps=500, warmup=1, on_event=on_event)
+    """)
+    )
+    before = {p.pid for p in psutil.process_iter()}
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False
+    )
+    assert "WORKER" in proc.stdout, proc.stdout + proc.stderr  # the worker was running when the parent died
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        workers = [
+            p for p in psutil.process_iter(["pid", "cmdline"])
+            if p.pid not in before and "workbench.measure.child" in " ".join(p.info["cmdline"] or [])
+        ]  # fmt: skip
+        if not workers:
+            break
+        time.sleep(0.2)
+    assert not workers, [w.info for w in workers]
+
+
 def test_background_handle_keeps_the_caller_free_and_cancels() -> None:
     from workbench.api import start_trial
 

@@ -1,15 +1,15 @@
-"""Run a trial in a fresh spawned worker process and stream its events back.
+"""Run a trial in a fresh worker process and stream its events back.
 
 Why a process per trial: a crash, an out-of-memory or a hang in the user's model must
 end the worker, never the notebook kernel; and every trial must start with clean
-allocator and compile caches, so memory and compile figures are honest. Workloads
-travel with cloudpickle (so a class defined in a notebook cell works); built-ins and
-'module:attr' specs are rebuilt by name in the worker.
+allocator and compile caches, so memory and compile figures are honest. The worker is a
+fresh interpreter (`measure.child`), so any script works, guarded by `__main__` or not.
+Workloads travel with cloudpickle (so a class defined in a notebook cell works); built-ins
+and 'module:attr' specs are rebuilt by name in the worker.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import signal
 import threading
 import time
@@ -55,20 +55,14 @@ def run_in_worker(
     if profile is not None:  # ProfileOptions travels as a dict of plain values
         options["profile"] = profile.to_dict()
 
-    context = multiprocessing.get_context("spawn")
-    receiver, sender = context.Pipe(duplex=False)
-    # Not a daemon: a daemonic process may not start children, and a trial with num_workers > 0
-    # starts DataLoader workers. The `finally` below ends the worker whatever happens.
-    process = context.Process(
-        target=_worker_main, args=(sender, payload, config.to_dict(), options, memory_limit_bytes), daemon=False
-    )
-    process.start()
-    sender.close()  # the parent keeps only the reading end, so EOF means the worker is gone
+    from workbench.measure.child import ChildProcess
+
+    # The `finally` below ends the worker (and the DataLoader workers it started) whatever happens.
+    child = ChildProcess(_worker_main, payload, config.to_dict(), options, memory_limit_bytes=memory_limit_bytes)
     try:
-        return _follow(process, receiver, on_event, cancel, timeout_s, workload_name(workload), config)
+        return _follow(child, child.inbox, on_event, cancel, timeout_s, workload_name(workload), config)
     finally:
-        _stop(process)
-        receiver.close()
+        child.stop()
 
 
 def workload_name(workload: Workload | str) -> str:
@@ -189,16 +183,6 @@ def _death(process: Any) -> tuple[str, str]:
     return "error", f"the worker process exited unexpectedly (exit code {code})"
 
 
-def _stop(process: Any) -> None:
-    """End the worker (and its process group's loader workers die with it): terminate, then kill."""
-    if process.is_alive():
-        process.terminate()
-        process.join(timeout=0.5)
-    if process.is_alive():
-        process.kill()
-    process.join(timeout=2)
-
-
 class _Partial:
     """What the parent has seen so far, to report a trial that never finished."""
 
@@ -229,14 +213,13 @@ class _Partial:
 
 
 def _worker_main(
-    sender: Any, payload: bytes, config_dict: dict[str, Any], options: dict[str, Any], memory_limit: int | None
+    requests: Any, sender: Any, payload: bytes, config_dict: dict[str, Any], options: dict[str, Any]
 ) -> None:
-    """Entry point of the spawned process: rebuild the workload, run inline, send every event."""
-    try:
-        if memory_limit is not None:
-            import resource
+    """The worker's job (`measure.child` runs it): rebuild the workload, run inline, send every event."""
+    from workbench.measure.child import watch_parent
 
-            resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
+    watch_parent(requests)
+    try:
         from workbench.measure.trial import run_trial_inline
 
         workload = unpack_workload(payload)

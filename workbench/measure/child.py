@@ -1,0 +1,130 @@
+"""Worker processes started as `python -m workbench.measure.child`, never through multiprocessing.
+
+multiprocessing's spawn re-runs the caller's `__main__` in the child, so a plain script that
+calls `run_trial` without an `if __name__ == "__main__":` guard fails in the child (and a
+script with side effects runs them twice). A fresh interpreter running this module imports
+only the workbench; the job — a module-level function and its arguments — arrives
+cloudpickled through a pipe, and messages go back through another
+(`multiprocessing.connection.Connection` over raw pipe ends, so `send`/`recv`/`poll` work
+as with `Pipe()`). The child runs in its own session: ending its process group ends the
+DataLoader workers it started too.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+MODULE = "workbench.measure.child"
+
+
+class ChildProcess:
+    """A running child: `inbox` (child → parent), `outbox` (parent → child), and process control
+    shaped like `multiprocessing.Process` (`is_alive`, `exitcode`, `join`, `stop`)."""
+
+    def __init__(self, job: Callable[..., None], *args: Any, memory_limit_bytes: int | None = None,
+                 env: dict[str, str] | None = None) -> None:  # fmt: skip
+        import cloudpickle
+
+        request_read, request_write = os.pipe()
+        reply_read, reply_write = os.pipe()
+        command = [sys.executable, "-m", MODULE, str(request_read), str(reply_write)]
+        try:
+            self.process = subprocess.Popen(
+                command, pass_fds=(request_read, reply_write), env=env or child_environment(), start_new_session=True
+            )
+        finally:
+            os.close(request_read)  # the child holds its own copies; EOF then means "the other side is gone"
+            os.close(reply_write)
+        self.outbox = Connection(request_write, readable=False)
+        self.inbox = Connection(reply_read, writable=False)
+        self.outbox.send_bytes(cloudpickle.dumps((job, args, memory_limit_bytes)))
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def is_alive(self) -> bool:
+        return self.process.poll() is None
+
+    @property
+    def exitcode(self) -> int | None:
+        """Like `multiprocessing.Process.exitcode`: negative for a signal."""
+        return self.process.poll()
+
+    def join(self, timeout: float | None = None) -> None:
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def stop(self) -> None:
+        """End the child and its process group (loader workers too): terminate, then kill."""
+        if self.is_alive():
+            _signal_group(self.process.pid, signal.SIGTERM)
+            self.join(0.5)
+        if self.is_alive():
+            _signal_group(self.process.pid, signal.SIGKILL)
+        self.join(2)
+        _signal_group(self.process.pid, signal.SIGKILL)  # stragglers of the group, if any remain
+        for end in (self.outbox, self.inbox):
+            end.close()
+
+
+def child_environment() -> dict[str, str]:
+    """The caller's environment plus its import path: modules a notebook or script imported by
+    path (a 'package.module:attr' workload) must import in the child too."""
+    env = dict(os.environ)
+    package_root = str(Path(__file__).resolve().parents[2])
+    paths = [package_root, *(p or os.getcwd() for p in sys.path), *env.get("PYTHONPATH", "").split(os.pathsep)]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p and os.path.isdir(p)))
+    return env
+
+
+def watch_parent(outbox_from_parent: Connection) -> None:
+    """Exit when the parent goes away (its end of the request pipe closes), for jobs that do not
+    read commands themselves: an orphaned trial must not keep a GPU or the CPUs busy."""
+
+    def wait_for_eof() -> None:
+        try:
+            while True:
+                outbox_from_parent.recv_bytes()
+        except (EOFError, OSError):
+            os._exit(1)
+
+    threading.Thread(target=wait_for_eof, name="workbench-parent-watch", daemon=True).start()
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _main(request_fd: int, reply_fd: int) -> None:
+    import cloudpickle
+
+    requests = Connection(request_fd, writable=False)
+    replies = Connection(reply_fd, readable=False)
+    try:
+        job, args, memory_limit = cloudpickle.loads(requests.recv_bytes())
+    except Exception as exc:
+        replies.send(("fatal", f"the worker could not read its job: {type(exc).__name__}: {exc}"))
+        return
+    if memory_limit is not None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
+    job(requests, replies, *args)
+
+
+if __name__ == "__main__":
+    _main(int(sys.argv[1]), int(sys.argv[2]))
