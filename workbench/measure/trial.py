@@ -210,7 +210,7 @@ def _run_window(
     for index in range(result.warmup):
         _check_cancel(cancel)
         begin = time.perf_counter()
-        _one_step(train_step, batches, config, clock=None, losses=losses, index=index)
+        one_step(train_step, batches, config, clock=None, losses=losses, index=index)
         synchronize(dev)
         elapsed_ms = (time.perf_counter() - begin) * 1000.0
         result.warmup_step_ms.append(elapsed_ms)
@@ -228,7 +228,7 @@ def _run_window(
     clock = make_clock(dev)
     for offset in range(result.steps):
         _check_cancel(cancel)
-        _one_step(train_step, batches, config, clock=clock, losses=losses, index=result.warmup + offset)
+        one_step(train_step, batches, config, clock=clock, losses=losses, index=result.warmup + offset)
         for timing in clock.poll():
             _record_timed(result, losses, timing, emit)
         if dev.type == "cpu" and not math.isfinite(losses.values[result.warmup + offset] or 0.0):
@@ -256,7 +256,7 @@ def _run_window(
         _profile_after_window(train_step, batches, config, result, profile)
 
 
-def _one_step(
+def one_step(
     train_step: TrainStep,
     batches: Iterator[Any],
     config: TrainConfig,
@@ -293,9 +293,15 @@ def _read_memory(train_step: TrainStep, batches: Iterator[Any], config: TrainCon
         # Inductor's generated CPU code allocates its buffers outside the dispatcher, where the
         # tensor tracker cannot see them: a figure would be too low, so report none.
         return MemoryReading(None, "not measured: inductor-compiled CPU code allocates outside the tensor tracker")
+    if config.grad_accumulation > 1:
+        # MemTracker raises NotImplementedError when a module runs forward more than once per step.
+        return MemoryReading(
+            None,
+            "not measured: the CPU tensor tracker cannot follow several micro-batches a step (grad_accumulation > 1)",
+        )
 
     def extra_step() -> None:
-        _one_step(train_step, batches, config, clock=None)
+        one_step(train_step, batches, config, clock=None)
 
     return track_step_memory(train_step.model, train_step.optimizer, extra_step)
 
@@ -309,7 +315,7 @@ def _profile_after_window(
 
     if train_step.device.type == "cuda" and config.compile == "off" and not config.cuda_graphs:
         reading = track_step_memory(
-            train_step.model, train_step.optimizer, lambda: _one_step(train_step, batches, config, clock=None)
+            train_step.model, train_step.optimizer, lambda: one_step(train_step, batches, config, clock=None)
         )
         result.memory_breakdown, result.memory_modules = reading.breakdown, reading.modules
     result.profile = profile_window(train_step, batches, config, options, result.trial_id).to_dict()
