@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from workbench.analysis.compare import compare_trials, speedup_interval, summarize
+from workbench.analysis.compare import compare_trials, summarize
 from workbench.config import TrainConfig
 from workbench.measure import TrialResult
 from workbench.measure import run_trial as _run_trial
@@ -31,41 +32,51 @@ def fake_result(step_ms: np.ndarray | list[float], *, config: TrainConfig | None
     )  # fmt: skip
 
 
-def test_interval_covers_the_true_ratio_at_the_stated_rate() -> None:
-    """Over many simulated experiments with a known 1.25x speedup, the 90% interval covers it ~90% of the time."""
-    rng = np.random.default_rng(7)
-    covered = 0
-    trials = 200
-    for i in range(trials):
-        base = rng.lognormal(np.log(100), 0.1, 40)
-        cand = rng.lognormal(np.log(80), 0.1, 40)
-        low, high = speedup_interval(base, cand, confidence=0.9, n_resamples=500, seed=i)
-        covered += low <= 1.25 <= high
-    assert 0.8 <= covered / trials <= 0.98
+def _trials(
+    rng: np.random.Generator, mean_ms: float, count: int, config: TrainConfig | None = None
+) -> list[TrialResult]:
+    """`count` simulated processes: each its own speed factor (sd 0.1), then step noise."""
+    return [
+        fake_result(rng.lognormal(np.log(mean_ms) + rng.normal(0, 0.1), 0.05, 20), config=config) for _ in range(count)
+    ]
 
 
-def test_verdicts_follow_the_interval() -> None:
+def test_each_trial_is_one_unit_and_too_few_are_inconclusive() -> None:
     rng = np.random.default_rng(0)
-    base = fake_result(rng.normal(100, 4, 30))
-    faster = fake_result(rng.normal(70, 3, 30), config=TrainConfig(amp="bf16"))
-    slower = fake_result(rng.normal(130, 4, 30), config=TrainConfig(channels_last=True))
-    same = fake_result(rng.normal(100, 4, 30), config=TrainConfig(seed=0))
-    comparison = compare_trials(base, [faster, slower, same])
+    base = _trials(rng, 100, 6)
+    faster = _trials(rng, 60, 6, TrainConfig(amp="bf16"))
+    slower = _trials(rng, 160, 6, TrainConfig(channels_last=True))
+    comparison = compare_trials(base, [faster, slower, faster[:2]])
     verdicts = [c.verdict for c in comparison.candidates]
-    assert verdicts == ["faster", "slower", "no significant difference"]
+    assert verdicts == ["faster", "slower", "inconclusive"]  # two trials cannot show between-process noise
     row = comparison.candidates[0]
-    assert row.speedup == pytest.approx(np.median(base.step_ms) / np.median(faster.step_ms))
+    log_medians = [np.log([r.median_step_ms or 0.0 for r in side]) for side in (base, faster)]
+    assert row.speedup == pytest.approx(float(np.exp(np.mean(log_medians[0]) - np.mean(log_medians[1]))))
     assert row.speedup_ci is not None and row.speedup_ci[0] < row.speedup < row.speedup_ci[1]
-    assert row.config_diff == {"amp": ("fp32", "bf16")}
+    assert row.units == 6 and row.config_diff == {"amp": ("fp32", "bf16")}
+    assert comparison.rounds == 6 and comparison.design == "processes" and not comparison.paired
+    assert comparison.noise.baseline_drift is not None and 0.03 < comparison.noise.baseline_drift < 0.3
 
 
-def test_repeats_are_pooled_and_counted() -> None:
-    runs = [fake_result([100, 102, 98]), fake_result([110, 108, 112])]
-    summary = summarize(runs)
-    assert summary.repeats == 2
-    assert summary.median_step_ms == pytest.approx(np.median([100, 102, 98, 110, 108, 112]))
-    comparison = compare_trials(runs, [[fake_result([50, 51, 49]), fake_result([55, 54, 56])]])
-    assert comparison.repeats == 2 and comparison.candidates[0].summary.repeats == 2
+def test_winner_is_the_fastest_significant_one_and_ties_are_head_to_head() -> None:
+    """Paired units: candidates 0 and 1 are within noise of each other, 2 is clearly slower than 0,
+    and 3 is fastest but its numerics differ, so it cannot win."""
+    from workbench.analysis.compare import UnitLog, compare_units
+    from workbench.analysis.numerics import check_numerics
+
+    rng = np.random.default_rng(1)
+    log = UnitLog()
+    factors = [1.0, 1 / 1.50, 1 / 1.49, 1 / 1.20, 1 / 2.0]
+    for r in range(12):
+        shared = rng.normal(0, 0.1)
+        for config, factor in enumerate(factors):
+            log.add(config, r, list(100 * factor * np.exp(shared + rng.normal(0, 0.01, 5))))
+    summaries = [summarize([fake_result([100.0 * f])]) for f in factors]
+    good = check_numerics(fake_result([1.0]), fake_result([1.0]))
+    bad = dataclasses.replace(good, ok=False)
+    comparison = compare_units(summaries, [good, good, good, bad], log, paired=True, design="paired", precision=0.03)
+    assert [c.verdict for c in comparison.candidates] == ["faster"] * 4
+    assert comparison.winner == 0 and comparison.tied == [1]
 
 
 def test_failed_candidate_is_a_row_not_an_exception() -> None:
@@ -75,10 +86,11 @@ def test_failed_candidate_is_a_row_not_an_exception() -> None:
 
 
 def test_numerics_flags_ride_along_with_the_speedup() -> None:
-    base = fake_result([100, 100], losses=[2.0, 1.8, 1.6, 1.4])
+    base = [fake_result([100 + i, 100], losses=[2.0, 1.8, 1.6, 1.4]) for i in range(4)]
+    close = [2.0, 1.8, 1.601, 1.41]
     rows = compare_trials(base, [
-        fake_result([90, 90], losses=[2.0, 1.8, 1.601, 1.41], config=TrainConfig(channels_last=True)),
-        fake_result([90, 90], losses=[2.0, 2.5, 3.0, 3.5], config=TrainConfig(channels_last=True)),
+        [fake_result([90 + i, 90], losses=close, config=TrainConfig(channels_last=True)) for i in range(4)],
+        [fake_result([90 + i, 90], losses=[2.0, 2.5, 3.0, 3.5], config=TrainConfig(channels_last=True)) for i in range(4)],
         fake_result([90, 90], losses=[2.0, math.nan], status="diverged", config=TrainConfig(amp="fp16")),
     ]).candidates  # fmt: skip
     assert rows[0].numerics_ok is True and rows[0].verdict == "faster"
@@ -87,11 +99,12 @@ def test_numerics_flags_ride_along_with_the_speedup() -> None:
 
 
 def test_break_even_is_compile_cost_over_per_step_saving() -> None:
-    base = fake_result([100.0] * 5)
-    compiled = fake_result([50.0] * 5, compile_time_s=2.0, config=TrainConfig(compile="default"))
+    base = [fake_result([100.0] * 5)] * 4
+    compiled = [fake_result([50.0] * 5, compile_time_s=2.0, config=TrainConfig(compile="default"))] * 4
     row = compare_trials(base, [compiled]).candidates[0]
-    assert row.break_even_steps == pytest.approx(2.0 / 0.05)
-    slower_compiled = fake_result([120.0] * 5, compile_time_s=2.0, config=TrainConfig(compile="default"))
+    assert row.speedup == pytest.approx(2.0)
+    assert row.break_even_steps == pytest.approx(2.0 / 0.05)  # 100 ms -> 50 ms saves 0.05 s a step
+    slower_compiled = [fake_result([120.0] * 5, compile_time_s=2.0, config=TrainConfig(compile="default"))] * 4
     assert compare_trials(base, [slower_compiled]).candidates[0].break_even_steps is None
 
 
@@ -123,16 +136,20 @@ def _sleep_workload(sleep_s: float) -> Workload:
     )
 
 
-def test_real_trials_identical_is_no_difference_and_slowed_is_slower() -> None:
-    """Real measured trials, interleaved B C B C ... as `repeats` does, of a step whose time is
-    set by the OS clock, so the verdicts hold on a busy machine too."""
-    from workbench.api import run_comparison
+def test_protocol_on_real_trials_aa_is_no_difference_and_doubled_is_slower() -> None:
+    """Real trials through the one protocol (paired rounds in a worker process), of steps whose
+    time is set by the OS clock, so the verdicts hold on a busy machine too. grad_accumulation=2
+    runs the sleeping forward twice a step: an independent truth of 0.5x."""
+    from workbench.api import Protocol, run_comparison
 
-    outcome = run_comparison(_sleep_workload(0.05), TrainConfig(), [TrainConfig(), TrainConfig(seed=0)],
-                             repeats=3, steps=8, warmup=1, isolation="inline", track_memory=False)  # fmt: skip
-    for row in outcome.comparison.candidates:
-        assert row.verdict == "no significant difference", (row.speedup, row.speedup_ci)
-        assert row.numerics_ok is True and row.numerics.early_deviation == 0.0
-    slowed = run_trial(_slow_sleep_workload(), steps=8, warmup=1)
-    base = outcome.baseline_runs
-    assert compare_trials(base, [slowed]).candidates[0].verdict == "slower"
+    protocol = Protocol(precision=0.05, budget_s=90, block_steps=3)
+    outcome = run_comparison(_sleep_workload(0.03), TrainConfig(), [TrainConfig(), TrainConfig(grad_accumulation=2)],
+                             protocol=protocol, steps=3, warmup=1, track_memory=False, store=None)  # fmt: skip
+    comparison = outcome.comparison
+    assert comparison.design == "paired" and comparison.rounds >= 6
+    same, doubled = comparison.candidates
+    assert same.verdict == "no significant difference", (same.speedup, same.speedup_ci)
+    assert same.half_width is not None and same.half_width <= 0.05 and same.numerics_ok is True
+    assert doubled.verdict == "slower" and doubled.speedup_ci is not None
+    assert doubled.speedup_ci[0] <= 0.5 * 1.05 and doubled.speedup_ci[1] >= 0.5 / 1.05
+    assert comparison.winner is None and "within" in comparison.stop_reason

@@ -1,30 +1,43 @@
-"""Comparison as a statistical statement: speedup with a bootstrap interval, a verdict, numerics.
+"""Comparison as a statistical statement: speedup with an interval over independent units, a verdict, numerics.
 
-Pure functions over `TrialResult`s, returning dataclasses. Repeats of one
-configuration are pooled. The interval is scipy's bootstrap of the ratio of median
-step times; a verdict needs the interval to exclude 1.0 *and* the effect to clear a
-small equivalence margin — separate trials on one machine drift by about that much,
-which per-step resampling cannot see.
+Pure functions over measured units, returning dataclasses. A unit is one fresh worker's
+trial or one paired round (`analysis.intervals` says why the step is never the unit);
+`compare_units` turns per-unit median step times into speedups, verdicts, the noise
+figures and the winner, and `compare_trials` does so for plain lists of trials (each trial
+one unit), as `regress` and the run history need. The protocol that *measures* the units
+(`workbench.protocol`) calls `compare_units` after every round.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
+from workbench.analysis.intervals import (
+    SpeedupEstimate,
+    Verdict,
+    paired_speedup,
+    robust_cv,
+    rounds_needed,
+    unpaired_speedup,
+    verdict_for,
+)
 from workbench.analysis.numerics import NumericsCheck, check_numerics
 from workbench.config import TrainConfig
 from workbench.measure.result import TrialResult
 
-Verdict = Literal["faster", "slower", "no significant difference", "failed"]
+__all__ = ["Comparison", "Noise", "UnitLog", "Verdict", "compare_trials", "compare_units", "pick_winner", "summarize"]
+
+HOST_BUSY_CORES = 0.3
+"""Average cores used by other processes during a comparison above which it carries a warning."""
 
 
 @dataclass
 class TrialSummary:
-    """One configuration's pooled figures (over its repeats)."""
+    """One configuration's figures from its fresh-worker trials (pooled over its repeats)."""
 
     label: str
     config: dict[str, Any]
@@ -45,7 +58,7 @@ class TrialSummary:
 class CandidateComparison:
     summary: TrialSummary
     speedup: float | None
-    """Baseline median step time ÷ candidate median step time (>1 is faster)."""
+    """Baseline step time ÷ candidate step time (>1 is faster), geometric mean over the units."""
     speedup_ci: tuple[float, float] | None
     verdict: Verdict
     peak_memory_delta_bytes: int | None
@@ -54,6 +67,14 @@ class CandidateComparison:
     break_even_steps: float | None
     """Steps until the one-time compile/capture cost is paid back; None when it never is."""
     config_diff: dict[str, tuple[Any, Any]]
+    units: int = 0
+    """Independent units (paired rounds, or trials per side) behind the interval."""
+    half_width: float | None = None
+    """The interval's relative half-width (0.03 = ±3%)."""
+    between_unit_sd: float | None = None
+    """Unit-to-unit standard deviation of the (log) ratio: the noise the interval had to beat."""
+    rounds_needed: int | None = None
+    """Further units the precision target needs, by this noise (None: cannot tell yet)."""
 
     @property
     def numerics_ok(self) -> bool | None:
@@ -61,15 +82,110 @@ class CandidateComparison:
 
 
 @dataclass
+class Noise:
+    """How noisy the measurement was, so a user can tell a quiet verdict from a lucky one."""
+
+    within_unit_cv: float | None
+    """Step-to-step spread inside a unit (robust CV of the baseline's steps, median over units)."""
+    between_unit_sd: float | None
+    """Largest unit-to-unit spread of a candidate's log ratio (paired) or log medians (unpaired)."""
+    baseline_drift: float | None
+    """Spread of the baseline's own unit medians over the comparison (how much the machine moved)."""
+    host_other_cores: float | None = None
+    """Average CPU cores used by other processes while measuring (None: not sampled)."""
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Comparison:
     baseline: TrialSummary
     candidates: list[CandidateComparison]
-    repeats: int
+    rounds: int
+    """Units measured for the baseline (paired rounds, or trials)."""
     confidence: float
     equivalence_margin: float
+    design: str = "processes"
+    """'paired': rounds of blocks in one worker; 'processes': one fresh worker per unit."""
+    paired: bool = False
+    precision: float | None = None
+    noise: Noise = field(default_factory=lambda: Noise(None, None, None))
+    winner: int | None = None
+    """Index into `candidates` of the fastest candidate that is significantly faster with sound
+    numerics; None when none is."""
+    tied: list[int] = field(default_factory=list)
+    """Other candidates not significantly slower than the winner (the top is a tie among these)."""
+    stop_reason: str = ""
+    elapsed_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class UnitLog:
+    """Per configuration (0 = baseline), each unit's median step time keyed by round, and the
+    unit's step times (for the within-unit spread)."""
+
+    medians: dict[int, dict[int, float]] = field(default_factory=dict)
+    steps: dict[int, list[list[float]]] = field(default_factory=dict)
+
+    def add(self, config: int, round_index: int, step_ms: Sequence[float]) -> None:
+        if not step_ms:
+            return
+        self.medians.setdefault(config, {})[round_index] = float(np.median(step_ms))
+        self.steps.setdefault(config, []).append([float(x) for x in step_ms])
+
+    def units(self, config: int) -> int:
+        return len(self.medians.get(config, {}))
+
+
+def estimate(log: UnitLog, a: int, b: int, *, paired: bool, confidence: float) -> SpeedupEstimate | None:
+    """Config `a`'s time ÷ config `b`'s time over their units; None when either has none."""
+    ma, mb = log.medians.get(a, {}), log.medians.get(b, {})
+    if not ma or not mb or (paired and not set(ma) & set(mb)):
+        return None
+    if paired:
+        return paired_speedup(ma, mb, confidence)
+    return unpaired_speedup(list(ma.values()), list(mb.values()), confidence)
+
+
+def compare_units(
+    summaries: Sequence[TrialSummary],
+    numerics: Sequence[NumericsCheck],
+    log: UnitLog,
+    *,
+    paired: bool,
+    design: str,
+    confidence: float = 0.95,
+    equivalence_margin: float = 0.02,
+    precision: float | None = None,
+    host_other_cores: float | None = None,
+) -> Comparison:
+    """The comparison of candidates 1..n with the baseline 0 from their units' medians.
+
+    `summaries[i]` carries config i's fresh-trial figures (memory, compile, status),
+    `numerics[i - 1]` candidate i's loss check against the baseline."""
+    base = summaries[0]
+    rows = []
+    for index, (summary, check) in enumerate(zip(summaries[1:], numerics), start=1):
+        est = None
+        if base.status == "ok" and summary.status == "ok":
+            est = estimate(log, 0, index, paired=paired, confidence=confidence)
+        rows.append(_row(base, summary, check, est, equivalence_margin, precision, confidence))
+    winner, tied = _winner(rows, log, paired, confidence, equivalence_margin)
+    return Comparison(
+        baseline=base,
+        candidates=rows,
+        rounds=log.units(0),
+        confidence=confidence,
+        equivalence_margin=equivalence_margin,
+        design=design,
+        paired=paired,
+        precision=precision,
+        noise=_noise(log, rows, host_other_cores),
+        winner=winner,
+        tied=tied,
+    )
 
 
 def compare_trials(
@@ -78,14 +194,20 @@ def compare_trials(
     *,
     confidence: float = 0.95,
     equivalence_margin: float = 0.02,
-    n_resamples: int = 2000,
-    seed: int = 0,
 ) -> Comparison:
-    """Compare each candidate (or its repeats) with the baseline (or its repeats)."""
-    base_runs = _as_runs(baseline)
-    base = summarize(base_runs)
-    rows = [_compare_one(base_runs, _as_runs(c), confidence, equivalence_margin, n_resamples, seed) for c in candidates]
-    return Comparison(base, rows, repeats=len(base_runs), confidence=confidence, equivalence_margin=equivalence_margin)
+    """Compare each candidate's trials with the baseline's, each trial one independent unit.
+
+    Trials from different processes are not paired (Welch's interval over their medians):
+    fewer than `intervals.MIN_UNITS` trials a side is "inconclusive"."""
+    groups = [_as_runs(baseline), *(_as_runs(c) for c in candidates)]
+    log = UnitLog()
+    for index, runs in enumerate(groups):
+        for position, run in enumerate(r for r in runs if r.ok):
+            log.add(index, position, run.step_ms)
+    # Same seed and batches in every repeat: the first run of each stands for its losses.
+    numerics = [check_numerics(groups[0][0], runs[0]) for runs in groups[1:]]
+    return compare_units([summarize(g) for g in groups], numerics, log, paired=False, design="processes",
+                         confidence=confidence, equivalence_margin=equivalence_margin)  # fmt: skip
 
 
 def summarize(runs: Sequence[TrialResult]) -> TrialSummary:
@@ -112,73 +234,99 @@ def summarize(runs: Sequence[TrialResult]) -> TrialSummary:
     )
 
 
-def speedup_interval(
-    baseline_ms: np.ndarray, candidate_ms: np.ndarray, confidence: float = 0.95, n_resamples: int = 2000, seed: int = 0
-) -> tuple[float, float]:
-    """Bootstrap interval of median(baseline) / median(candidate) (scipy, percentile method)."""
-    from scipy.stats import bootstrap
-
-    def ratio(b: np.ndarray, c: np.ndarray, axis: int = -1) -> np.ndarray:
-        return np.median(b, axis=axis) / np.median(c, axis=axis)
-
-    res = bootstrap(
-        (baseline_ms, candidate_ms),
-        ratio,
-        confidence_level=confidence,
-        n_resamples=n_resamples,
-        method="percentile",
-        vectorized=True,
-        rng=np.random.default_rng(seed),
-    )
-    return float(res.confidence_interval.low), float(res.confidence_interval.high)
-
-
-def verdict_for(ci: tuple[float, float], speedup: float, margin: float) -> Verdict:
-    low, high = ci
-    if low > 1.0 and speedup > 1.0 + margin:
-        return "faster"
-    if high < 1.0 and speedup < 1.0 / (1.0 + margin):
-        return "slower"
-    return "no significant difference"
-
-
 # --- internals ----------------------------------------------------------------------
 
 
-def _compare_one(
-    base_runs: list[TrialResult],
-    cand_runs: list[TrialResult],
-    confidence: float,
+def _row(
+    base: TrialSummary,
+    cand: TrialSummary,
+    numerics: NumericsCheck,
+    est: SpeedupEstimate | None,
     margin: float,
-    n_resamples: int,
-    seed: int,
+    precision: float | None,
+    confidence: float,
 ) -> CandidateComparison:
-    base, cand = summarize(base_runs), summarize(cand_runs)
     diff = TrainConfig.from_dict(base.config).diff(TrainConfig.from_dict(cand.config))
-    b_steps, c_steps = _pooled_steps([r for r in base_runs if r.ok]), _pooled_steps([r for r in cand_runs if r.ok])
-    # Same seed and batches in every repeat: the first run of each stands for its losses.
-    numerics = check_numerics(base_runs[0], cand_runs[0])
-    if base.status != "ok" or cand.status != "ok" or not b_steps.size or not c_steps.size:
-        return CandidateComparison(cand, None, None, "failed", None, None, numerics, None, diff)
-    speedup = float(np.median(b_steps) / np.median(c_steps))
-    ci = speedup_interval(b_steps, c_steps, confidence, n_resamples, seed)
+    if est is None:  # failed to run, or (rare) ran but no unit was timed: say which
+        verdict: Verdict = "inconclusive" if base.status == cand.status == "ok" else "failed"
+        return CandidateComparison(cand, None, None, verdict, None, None, numerics, None, diff)
     return CandidateComparison(
         summary=cand,
-        speedup=speedup,
-        speedup_ci=ci,
-        verdict=verdict_for(ci, speedup, margin),
+        speedup=est.speedup,
+        speedup_ci=est.ci,
+        verdict=verdict_for(est, margin, precision),
         peak_memory_delta_bytes=_delta(cand.peak_memory_bytes, base.peak_memory_bytes),
         final_loss_delta=_delta(cand.final_loss, base.final_loss),
         numerics=numerics,
-        break_even_steps=_break_even(base, cand),
+        break_even_steps=_break_even(base, cand, est.speedup),
         config_diff=diff,
+        units=est.units,
+        half_width=est.half_width,
+        between_unit_sd=est.log_sd,
+        rounds_needed=rounds_needed(est, precision, confidence) if precision else None,
     )
 
 
-def _break_even(base: TrialSummary, cand: TrialSummary) -> float | None:
-    if not cand.compile_time_s or base.median_step_ms is None or cand.median_step_ms is None:
+def pick_winner(rows: Sequence[CandidateComparison], beats: Any = None) -> tuple[int | None, list[int]]:
+    """The winner rule: the fastest significantly-faster candidate with sound numerics, and the
+    other eligible candidates it does not significantly beat (a tie at the top).
+
+    `beats(best, other)` judges head to head on shared units when the candidates were measured
+    in one comparison; without it (rows from separate comparisons against the same baseline)
+    two candidates tie when their intervals overlap."""
+    eligible = [i for i, r in enumerate(rows) if r.verdict == "faster" and r.numerics.ok is not False]
+    if not eligible:
+        return None, []
+    best = max(eligible, key=lambda i: rows[i].speedup or 0.0)
+    tied = []
+    for other in eligible:
+        if other == best:
+            continue
+        if beats is not None:
+            if not beats(best, other):
+                tied.append(other)
+        elif _overlap(rows[best].speedup_ci, rows[other].speedup_ci):
+            tied.append(other)
+    return best, tied
+
+
+def _overlap(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool:
+    return a is None or b is None or (a[0] <= b[1] and b[0] <= a[1])
+
+
+def _winner(
+    rows: list[CandidateComparison], log: UnitLog, paired: bool, confidence: float, margin: float
+) -> tuple[int | None, list[int]]:
+    """`pick_winner`, head to head on this comparison's units (overlapping intervals against the
+    baseline would call close calls ties too often)."""
+
+    def beats(best: int, other: int) -> bool:
+        # Units are keyed by config index: candidate i is config i + 1.
+        head = estimate(log, other + 1, best + 1, paired=paired, confidence=confidence)
+        return head is not None and verdict_for(head, margin) == "faster"
+
+    return pick_winner(rows, beats)
+
+
+def _noise(log: UnitLog, rows: list[CandidateComparison], host_other_cores: float | None) -> Noise:
+    cvs = [cv for steps in log.steps.get(0, []) if (cv := robust_cv(steps)) is not None]
+    sds = [r.between_unit_sd for r in rows if r.between_unit_sd is not None]
+    base = list(log.medians.get(0, {}).values())
+    drift = float(np.std(np.log(base), ddof=1)) if len(base) >= 2 else None
+    warnings = []
+    if host_other_cores is not None and host_other_cores > HOST_BUSY_CORES:
+        warnings.append(
+            f"the host was busy: other processes used {host_other_cores:.1f} CPU cores on average while measuring; "
+            "verdicts hold (paired rounds cancel what hits both sides) but intervals are wider — measure on a quiet machine"
+        )
+    return Noise(float(np.median(cvs)) if cvs else None, max(sds) if sds else None, drift, host_other_cores, warnings)
+
+
+def _break_even(base: TrialSummary, cand: TrialSummary, speedup: float) -> float | None:
+    """Compile cost ÷ the per-step saving the calibrated speedup implies on the baseline's step."""
+    if not cand.compile_time_s or base.median_step_ms is None:
         return None
-    saving_s = (base.median_step_ms - cand.median_step_ms) / 1000.0
+    saving_s = base.median_step_ms * (1.0 - 1.0 / speedup) / 1000.0
     if saving_s <= 0:
         return None
     return max(0.0, cand.compile_time_s - base.compile_time_s) / saving_s
