@@ -80,21 +80,39 @@ def test_compare_json_reports_speedup_interval_and_verdict(tmp_path: Path) -> No
     data = json.loads(proc.stdout)
     assert data["baseline"]["status"] == "ok"
     (candidate,) = data["candidates"]
-    for key in ("speedup", "speedup_ci", "verdict", "numerics_ok", "status", "peak_memory_delta_bytes"):
+    for key in ("speedup", "speedup_ci", "verdict", "numerics_ok", "status", "peak_memory_delta_bytes", "units",
+                "half_width", "rounds_needed"):  # fmt: skip
         assert key in candidate
-    assert candidate["speedup"] == pytest.approx(data["baseline"]["median_step_ms"] / candidate["median_step_ms"])
+    for key in ("rounds", "design", "noise", "precision", "winner", "stop_reason", "elapsed_s"):
+        assert key in data
+    assert data["design"] == "paired" and data["rounds"] >= 6 and candidate["units"] == data["rounds"]
+    # The rounds' paired speedup agrees with the fresh trials' own medians (measured apart, in other processes).
+    assert candidate["speedup"] == pytest.approx(
+        data["baseline"]["median_step_ms"] / candidate["median_step_ms"], rel=0.15
+    )
     low, high = candidate["speedup_ci"]
     assert low <= candidate["speedup"] <= high
     assert candidate["verdict"] == "slower"  # 60 ms of sleep on a 30 ms step is a regression compare must see
+    assert data["noise"]["within_unit_cv"] is not None
 
 
 def test_compare_table_shows_every_candidate() -> None:
-    proc = workbench("compare", "--baseline", "amp=fp32", "--candidate", "amp=bf16",
-                     "--candidate", "activation_checkpointing=full", "--steps", "3", "--warmup", "1")  # fmt: skip
+    proc = workbench("compare", "--baseline", "amp=fp32", "--candidate", "channels_last=true",
+                     "--candidate", "activation_checkpointing=full", "--steps", "3", "--warmup", "1",
+                     "--budget", "1")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "baseline: defaults" in proc.stdout
-    assert "amp=bf16" in proc.stdout and "activation_checkpointing=full" in proc.stdout
+    assert "channels_last=True" in proc.stdout and "activation_checkpointing=full" in proc.stdout
     assert "speedup" in proc.stdout and "CI" in proc.stdout
+    assert "6 round(s): paired rounds" in proc.stdout and "budget of 1 s spent" in proc.stdout
+    assert "noise: step-to-step" in proc.stdout
+
+
+def test_compare_refuses_a_bad_protocol_with_the_fix() -> None:
+    for flags, text in ((["--precision", "0"], "precision must be"), (["--budget", "-5"], "budget must be"),
+                        (["--design", "paired", "--baseline", "num_workers=2"], "design='processes'")):  # fmt: skip
+        proc = workbench("compare", "--candidate", "amp=bf16", "--no-store", *flags)
+        assert proc.returncode == 2 and text in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize(

@@ -34,6 +34,15 @@ def steps(median: float, n: int = 20, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).normal(median, median * 0.02, n)
 
 
+def trials(median: float, count: int = 4, seed: int = 0, **kwargs: Any) -> list[TrialResult]:
+    """`count` processes' trials (each trial is one unit of the interval), each its own seed."""
+    return [fake_result(steps(median, seed=seed + 1000 * i), **kwargs) for i in range(count)]
+
+
+def geometric_mean_ms(runs: list[TrialResult]) -> float:
+    return float(np.exp(np.mean(np.log([r.median_step_ms or 0.0 for r in runs]))))
+
+
 # --- the suite file ---------------------------------------------------------------------------
 
 
@@ -67,28 +76,36 @@ def test_a_malformed_suite_names_the_file_and_the_entry(change: dict[str, Any], 
 
 
 def test_a_significant_slowdown_beyond_the_threshold_fails_with_compares_statistics() -> None:
-    reference, now = [fake_result(steps(100), warmup=2)], [fake_result(steps(120, seed=1), warmup=2)]
+    reference, now = trials(100, warmup=2), trials(120, seed=1, warmup=2)
     row = check_one("plain", now, Baseline("run 1 @ aaaa", reference), threshold=0.05)
     expected = compare_trials(reference, [now]).candidates[0]  # the very same statistics
     assert (row.speedup, row.speedup_ci, row.verdict) == (expected.speedup, expected.speedup_ci, expected.verdict)
-    assert row.status == "regression" and row.verdict == "slower"
-    assert row.time_change == pytest.approx(np.median(now[0].step_ms) / np.median(reference[0].step_ms) - 1)
+    assert row.status == "regression" and row.verdict == "slower" and row.units == 4
+    assert row.time_change == pytest.approx(geometric_mean_ms(now) / geometric_mean_ms(reference) - 1)
     assert row.time_change_ci is not None and row.time_change_ci[0] > 0.05
     assert "slower by" in row.reasons[0]
 
 
 def test_a_slowdown_whose_interval_reaches_below_the_threshold_passes() -> None:
-    reference = [fake_result(np.random.default_rng(2).normal(100, 15, 20), warmup=2)]
-    now = [fake_result(np.random.default_rng(3).normal(108, 15, 20), warmup=2)]
+    rng = np.random.default_rng(2)
+    reference = [fake_result(rng.normal(100 * rng.lognormal(0, 0.1), 5, 20), warmup=2) for _ in range(4)]
+    now = [fake_result(rng.normal(108 * rng.lognormal(0, 0.1), 5, 20), warmup=2) for _ in range(4)]
     row = check_one("plain", now, Baseline("ref", reference), threshold=0.05)
     assert row.time_change_ci is not None and row.time_change_ci[0] <= 0.05
     assert row.status == "pass"
-    faster = check_one("plain", [fake_result(steps(70), warmup=2)], Baseline("ref", reference), threshold=0.05)
+    faster = check_one("plain", trials(70, seed=5, warmup=2), Baseline("ref", reference), threshold=0.05)
     assert faster.status == "pass" and faster.verdict == "faster"
 
 
+def test_too_few_trials_a_side_pass_as_inconclusive_with_the_fix() -> None:
+    """One trial against one cannot tell a 20% slowdown from a slow process: never a verdict."""
+    row = check_one("plain", [fake_result(steps(120, seed=1))], Baseline("ref", [fake_result(steps(100))]), 0.05)
+    assert row.status == "pass" and row.verdict == "inconclusive" and row.speedup_ci is None
+    assert "at least 4 a side" in row.notes[0]
+
+
 def test_numerics_mismatch_and_failed_trials_fail_while_no_baseline_passes() -> None:
-    reference = [fake_result(steps(100), warmup=2)]
+    reference = trials(100, warmup=2)
     drifted = fake_result(steps(100, seed=4), warmup=2, losses=[2.0, 2.5, 3.0] + [4.0] * 20)
     row = check_one("plain", [drifted], Baseline("ref", reference), threshold=0.05)
     assert row.status == "regression" and row.numerics_ok is False and "numerics" in row.reasons[0]
@@ -109,7 +126,7 @@ def test_a_reference_that_resolved_pytorchs_defaults_differently_is_not_compared
     row = check_one("plain", [now], Baseline("run 1 @ aaaa", reference), threshold=0.05)
     assert row.status == "no baseline" and "cudnn_tf32: not recorded -> True" in row.notes[0]
     same = check_one("plain", [fake_result(steps(70, seed=1), warmup=2)], Baseline("ref", reference), 0.05)
-    assert same.speedup is not None and not same.notes
+    assert same.speedup is not None and not any("resolved settings" in note for note in same.notes)
 
 
 def old_defaults_result() -> TrialResult:
@@ -148,13 +165,24 @@ def test_a_reference_stored_under_the_old_defaults_is_not_comparable_with_the_ne
 @pytest.fixture
 def history(tmp_path: Path) -> Any:
     """Commit A: 100 ms; commit B: both configs 100 ms; commit C (newest): plain 130 ms, bf16 101 ms."""
+    yield from _history(tmp_path, count=1)
+
+
+@pytest.fixture
+def repeated_history(tmp_path: Path) -> Any:
+    """The same history with 4 trials per configuration and commit, as `regress` records it."""
+    yield from _history(tmp_path, count=4)
+
+
+def _history(tmp_path: Path, count: int) -> Any:
     with Store(tmp_path / "history.sqlite") as store:
         bf16 = TrainConfig(amp="bf16")
-        store.save_run([fake_result(steps(100), commit=COMMIT_A)], labels=["plain"])
-        store.save_run([fake_result(steps(100, seed=1), commit=COMMIT_B),
-                        fake_result(steps(100, seed=2), commit=COMMIT_B, config=bf16)], labels=["plain", "bf16"])  # fmt: skip
-        store.save_run([fake_result(steps(130, seed=3), commit=COMMIT_C),
-                        fake_result(steps(101, seed=4), commit=COMMIT_C, config=bf16)], labels=["plain", "bf16"])  # fmt: skip
+        labels = ["plain"] * count + ["bf16"] * count
+        store.save_run(trials(100, count, commit=COMMIT_A), labels=["plain"] * count)
+        store.save_run(trials(100, count, seed=1, commit=COMMIT_B) + trials(100, count, seed=2, commit=COMMIT_B,
+                       config=bf16), labels=labels)  # fmt: skip
+        store.save_run(trials(130, count, seed=3, commit=COMMIT_C) + trials(101, count, seed=4, commit=COMMIT_C,
+                       config=bf16), labels=labels)  # fmt: skip
         yield store
 
 
@@ -203,7 +231,10 @@ def write_suite(tmp_path: Path, **changes: Any) -> str:
     return str(path)
 
 
-def test_regress_from_store_fails_on_the_slower_config_only(history: Store, tmp_path: Path, capsys: Any) -> None:
+def test_regress_from_store_fails_on_the_slower_config_only(
+    repeated_history: Store, tmp_path: Path, capsys: Any
+) -> None:
+    history = repeated_history
     code = main(["regress", "--suite", write_suite(tmp_path), "--from-store", "--store", str(history.path)])
     out = capsys.readouterr().out
     assert code == 1
@@ -343,18 +374,19 @@ def test_regress_catches_a_slower_step_and_passes_an_unchanged_rerun(
     # The history so far: one earlier run of the suite (measured here, in process, to save a start-up).
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(REPO)
-    (seed,) = run_trials("tiny_models:tiny", [TrainConfig(extra={"slow_step_ms": 20})], warmup=1, steps=8,
+    (seed,) = run_trials("tiny_models:tiny", [TrainConfig(extra={"slow_step_ms": 20})], warmup=1, steps=8, repeats=4,
                          isolation="inline", kind="regress", labels=["mlp"], store=tmp_path / "h.sqlite")  # fmt: skip
-    assert seed[0].ok, seed[0].message
+    assert all(r.ok for r in seed), seed[0].message
 
-    rerun = regress_cli(tmp_path, base, "--threshold", "0.5")
+    rerun = regress_cli(tmp_path, base, "--threshold", "0.5", "--budget", "1")
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     (row,) = json.loads(rerun.stdout)["rows"]
     assert row["status"] == "pass" and row["reference"].startswith("run 1 @") and row["numerics_ok"] is True
+    assert row["units"] == 4 and row["verdict"] != "inconclusive"
 
-    slow = regress_cli(tmp_path, slower, "--threshold", "0.5", "--against", "run:1")
+    slow = regress_cli(tmp_path, slower, "--threshold", "0.5", "--against", "run:1", "--budget", "1")
     assert slow.returncode == 1, slow.stdout + slow.stderr
     (row,) = json.loads(slow.stdout)["rows"]
     assert row["status"] == "regression" and row["verdict"] == "slower" and row["time_change_ci"][0] > 0.5
     with Store(tmp_path / "h.sqlite") as store:
-        assert [(r.kind, r.label) for r in store.history()] == [("regress", "mlp")] * 3
+        assert [(r.kind, r.label) for r in store.history()] == [("regress", "mlp")] * 12

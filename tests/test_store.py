@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from workbench.api import run_comparison, run_trials
+from workbench.api import Protocol, run_comparison, run_trials
 from workbench.config import TrainConfig
 from workbench.measure import StepMeasured, TrialResult
 from workbench.store import DEFAULT_STORE, Store, StoreError, config_key, default_store_path, opened_store, schema
@@ -405,14 +405,24 @@ def test_comparisons_and_cli_runs_are_saved_unless_told_not_to(tmp_path: Path, m
     from workbench.cli import _store_arg, build_parser, main
 
     path = tmp_path / "h.sqlite"
-    run_comparison(tiny_workload(), TrainConfig(), [TrainConfig(lr=0.01)], repeats=2, warmup=1, steps=2,
-                   isolation="inline", track_memory=False, store=path)  # fmt: skip
-    run_comparison(tiny_workload(), TrainConfig(), [TrainConfig(lr=0.01)], warmup=1, steps=2, isolation="inline",
-                   track_memory=False, store=None)  # fmt: skip
+    # design='processes': every unit is a trial (inline here, so no process start-ups), and each is stored.
+    protocol = Protocol(design="processes", budget_s=1)
+    outcome = run_comparison(tiny_workload(), TrainConfig(), [TrainConfig(lr=0.01)], protocol=protocol, warmup=1,
+                             steps=2, isolation="inline", track_memory=False, store=path)  # fmt: skip
+    run_comparison(tiny_workload(), TrainConfig(), [TrainConfig(lr=0.01)], protocol=protocol, warmup=1, steps=2,
+                   isolation="inline", track_memory=False, store=None)  # fmt: skip
+    rounds = outcome.comparison.rounds
+    assert rounds == 6  # the fewest the 95% sign-test interval needs; the 1 s budget stops it there
     with Store(path) as opened:
         rows = opened.history()
-        assert [r.label for r in rows] == ["candidate 1", "baseline"] * 2 and {r.run_id for r in rows} == {1}
-        assert {r.kind for r in rows} == {"compare"}
+        assert sorted(r.label for r in rows) == ["baseline"] * rounds + ["candidate 1"] * rounds
+        assert {r.run_id for r in rows} == {1} and {r.kind for r in rows} == {"compare"}
+        # The comparison's verdict is stored with the trials it came from.
+        stored = {r.label: opened.get(r.id).result.comparison for r in rows}
+        candidate = outcome.comparison.candidates[0]
+        assert stored["candidate 1"] is not None and stored["candidate 1"]["verdict"] == candidate.verdict
+        assert stored["candidate 1"]["speedup"] == pytest.approx(candidate.speedup)
+        assert stored["baseline"] is not None and stored["baseline"]["rounds"] == rounds
     assert _store_arg(build_parser().parse_args(["run", "--no-store"])) is None
     assert _store_arg(build_parser().parse_args(["compare", "--candidate", "amp=bf16", "--store", "x"])) == "x"
     assert _store_arg(build_parser().parse_args(["run"])) is DEFAULT_STORE

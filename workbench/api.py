@@ -1,53 +1,23 @@
 """The public API the CLI, the notebook app and the server share: run one trial, run a comparison.
 
-Thin on purpose: trials come from `measure`, statistics from `analysis`; this module
-only decides the order trials run in (interleaved repeats) and pairs the results up.
+Thin on purpose: trials come from `measure`, statistics from `analysis`, and the order and
+number of units of a comparison from `protocol`; this module only wires them together.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from typing import Any
 
-from workbench.analysis.compare import Comparison, compare_trials
 from workbench.config import ConfigError, TrainConfig
 from workbench.measure import EventSink, TrialResult, run_trial
+from workbench.protocol import ComparisonRun, Protocol, run_protocol
 from workbench.store import DEFAULT_STORE, StoreArg, opened_store
 from workbench.workloads import Workload
 
-
-@dataclass
-class ComparisonRun:
-    comparison: Comparison
-    baseline_runs: list[TrialResult]
-    candidate_runs: list[list[TrialResult]]
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON shape: {'baseline': run, 'candidates': [run + comparison fields], 'repeats': N}."""
-        comp = self.comparison
-        candidates = []
-        for runs, row in zip(self.candidate_runs, comp.candidates):
-            item = runs[0].to_dict()
-            item.update(
-                status=row.summary.status,
-                median_step_ms=row.summary.median_step_ms,
-                speedup=row.speedup,
-                speedup_ci=list(row.speedup_ci) if row.speedup_ci else None,
-                verdict=row.verdict,
-                numerics_ok=row.numerics.ok,
-                numerics=asdict(row.numerics),
-                peak_memory_delta_bytes=row.peak_memory_delta_bytes,
-                final_loss_delta=row.final_loss_delta,
-                break_even_steps=row.break_even_steps,
-                config_diff={k: list(v) for k, v in row.config_diff.items()},
-                repeat_trial_ids=row.summary.trial_ids,
-            )
-            candidates.append(item)
-        baseline = self.baseline_runs[0].to_dict()
-        baseline.update(median_step_ms=comp.baseline.median_step_ms, repeat_trial_ids=comp.baseline.trial_ids)
-        return {"baseline": baseline, "candidates": candidates, "repeats": comp.repeats, "confidence": comp.confidence}
+__all__ = ["ComparisonRun", "Protocol", "TrialHandle", "run_and_store", "run_comparison", "run_trials",
+           "start_comparison", "start_trial"]  # fmt: skip
 
 
 def run_comparison(
@@ -55,7 +25,7 @@ def run_comparison(
     baseline: TrainConfig,
     candidates: Sequence[TrainConfig],
     *,
-    repeats: int = 1,
+    protocol: Protocol | None = None,
     warmup: int = 3,
     steps: int = 20,
     device: Any = None,
@@ -65,18 +35,11 @@ def run_comparison(
     store: StoreArg = DEFAULT_STORE,
     **trial_options: Any,
 ) -> ComparisonRun:
-    """Run baseline and candidates interleaved (B C1 C2 B C1 C2 ...) `repeats` times, then compare.
-
-    Every finished trial is saved to `store` (default: the user's run history; None: not saved).
-    """
-    if not candidates:
-        raise ConfigError("a comparison needs at least one candidate configuration")
-    labels = ["baseline", *(f"candidate {i}" for i in range(1, len(candidates) + 1))]
-    runs = run_trials(workload, [baseline, *candidates], repeats=repeats, labels=labels, kind="compare", store=store,
-                      warmup=warmup, steps=steps, device=device, preset=preset, on_event=on_event, cancel=cancel,
-                      **trial_options)  # fmt: skip
-    comparison = compare_trials(runs[0], runs[1:])
-    return ComparisonRun(comparison, runs[0], runs[1:])
+    """Compare candidates with the baseline by the calibrated protocol (`workbench.protocol`):
+    a fresh trial of each, then rounds until every interval is within ±`protocol.precision`
+    or `protocol.budget_s` is spent. Every fresh trial is saved to `store` (None: not saved)."""
+    return run_protocol(workload, baseline, candidates, protocol, warmup=warmup, steps=steps, device=device,
+                        preset=preset, on_event=on_event, cancel=cancel, store=store, **trial_options)  # fmt: skip
 
 
 def run_trials(

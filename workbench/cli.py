@@ -67,14 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_store_arg(run, saving=True)
     run.set_defaults(handler=_cmd_run)
 
-    compare = sub.add_parser("compare", help="compare candidates against a baseline")
-    _add_trial_args(compare)
+    compare = sub.add_parser("compare", help="compare candidates against a baseline (calibrated, adaptive)")
+    _add_trial_args(compare, steps=10, steps_help="timed steps of each configuration's fresh characterizing trial")
     compare.add_argument(
         "--baseline", default="", metavar="K=V[,K=V]", help="baseline config overrides (default: defaults)"
     )
     compare.add_argument("--candidate", action="append", default=[], metavar="K=V[,K=V]", required=True,
                          help="a candidate's overrides on top of the baseline; repeat for more")  # fmt: skip
-    compare.add_argument("--repeats", type=int, default=1, help="interleaved repeats per configuration (default 1)")
+    _add_protocol_args(compare)
     _add_store_arg(compare, saving=True)
     compare.set_defaults(handler=_cmd_compare)
 
@@ -116,7 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="'latest' (default), 'run:<id>' from `workbench history`, or a git commit/revision")  # fmt: skip
     regress.add_argument("--threshold", type=float, default=0.05,
                          help="fail when a slowdown's whole interval exceeds this fraction (default 0.05)")  # fmt: skip
-    regress.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default: the suite's)")
+    regress.add_argument("--repeats", type=int, default=None,
+                         help="fewest trials of each configuration (default: the suite's, at least 4: an interval "
+                              "over fewer trials cannot see between-process noise)")  # fmt: skip
+    _add_protocol_args(regress, budget_s=120.0, design=False)
     regress.add_argument("--from-store", action="store_true",
                          help="check the newest stored trials instead of measuring now")  # fmt: skip
     regress.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when present)")
@@ -144,10 +147,29 @@ def _store_arg(args: argparse.Namespace) -> Any:
     return args.store or DEFAULT_STORE
 
 
-def _add_trial_args(p: argparse.ArgumentParser) -> None:
+def _add_protocol_args(p: argparse.ArgumentParser, budget_s: float = 60.0, design: bool = True) -> None:
+    """The comparison protocol's controls (`workbench.protocol.Protocol`)."""
+    p.add_argument("--precision", type=float, default=0.03, metavar="F",
+                   help="stop when every speedup interval is within ±F (default 0.03 = ±3%%)")  # fmt: skip
+    p.add_argument("--budget", type=float, default=budget_s, metavar="S",
+                   help=f"seconds the comparison may take before it stops adding rounds (default {budget_s:g})")  # fmt: skip
+    if design:  # regress always measures fresh processes: its other side is stored
+        p.add_argument("--design", default="auto", choices=("auto", "paired", "processes"),
+                       help="auto: paired rounds in one worker where honest, else one fresh process per unit")  # fmt: skip
+    p.add_argument("--confidence", type=float, default=0.95, help="interval confidence (default 0.95)")
+
+
+def _protocol(args: argparse.Namespace, **fixed: Any) -> Any:
+    from workbench.protocol import Protocol
+
+    return Protocol(precision=args.precision, budget_s=args.budget, design=getattr(args, "design", "processes"),
+                    confidence=args.confidence, **fixed)  # fmt: skip
+
+
+def _add_trial_args(p: argparse.ArgumentParser, steps: int = 20, steps_help: str = "timed steps") -> None:
     p.add_argument("--workload", default="bev-perception", help="built-in name or package.module:function")
     p.add_argument("--preset", default="tiny", choices=PRESETS)
-    p.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
+    p.add_argument("--steps", type=int, default=steps, help=f"{steps_help} (default {steps})")
     p.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps (default 3)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when present)")
     p.add_argument("--timeout", type=float, default=None, metavar="S",
@@ -194,8 +216,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     baseline = _config([args.baseline])
     candidates = [_config([text], base=baseline) for text in args.candidate]
+    protocol = _protocol(args)
     with ProgressLine(enabled=not args.quiet and not args.json) as progress:
-        outcome = run_comparison(args.workload, baseline, candidates, repeats=args.repeats, warmup=args.warmup,
+        outcome = run_comparison(args.workload, baseline, candidates, protocol=protocol, warmup=args.warmup,
                                  steps=args.steps, device=args.device, preset=args.preset, on_event=progress,
                                  timeout_s=args.timeout, store=_store_arg(args))  # fmt: skip
     if args.json:
@@ -295,7 +318,8 @@ def _cmd_regress(args: argparse.Namespace) -> int:
     """Measure (or read) the suite, find each configuration's reference, gate on the report."""
     from pathlib import Path
 
-    from workbench.analysis.regress import Baseline, check_regressions, format_report, load_suite
+    from workbench.analysis.intervals import MIN_UNITS
+    from workbench.analysis.regress import Baseline, check_one, check_regressions, format_report, load_suite
     from workbench.store import default_store_path, opened_store, parse_reference
     from workbench.store.reference import describe_trials, find_baselines, stored_current
 
@@ -303,6 +327,7 @@ def _cmd_regress(args: argparse.Namespace) -> int:
     repeats = suite.repeats if args.repeats is None else args.repeats
     if repeats < 1:
         raise UsageError(f"--repeats must be >= 1, got {repeats}")
+    repeats = max(repeats, MIN_UNITS)
     if not 0 <= args.threshold < 10:
         raise UsageError(f"--threshold must be a fraction such as 0.05 (5%), got {args.threshold}")
     saving = not args.no_store and not args.from_store
@@ -319,21 +344,36 @@ def _cmd_regress(args: argparse.Namespace) -> int:
             found = find_baselines(suite, reference, store, None, current=stored)
             current = {name: [t.result for t in trials] for name, trials in stored.items()}
         else:
-            from workbench.api import run_trials
             from workbench.fingerprint import environment_fingerprint
             from workbench.progress import ProgressLine
+            from workbench.protocol import run_rounds
 
             # References first: the trials measured now are saved to this same store.
             found = find_baselines(suite, reference, store, environment_fingerprint(args.device))
+            refs = [[x.result for x in found.get(c.name) or []] for c in suite.configurations]
+
+            def widths(runs: list[list[Any]]) -> list[float | None]:
+                """Each row's interval so far; 0 where more trials now cannot help (no or too small a reference)."""
+                out: list[float | None] = []
+                for item, ref, now in zip(suite.configurations, refs, runs):
+                    if sum(r.ok for r in ref) < MIN_UNITS:
+                        out.append(0.0)
+                        continue
+                    row = check_one(item.name, now, Baseline("", ref), args.threshold, args.confidence)
+                    out.append(row.half_width)
+                return out
+
+            protocol = _protocol(args, min_rounds=repeats)
             with ProgressLine(enabled=not args.quiet and not args.json) as progress:
-                runs = run_trials(suite.workload, [c.config for c in suite.configurations], repeats=repeats,
-                                  labels=[c.name for c in suite.configurations], kind="regress", run_label=suite.name,
-                                  store=store if saving else None, warmup=suite.warmup, steps=suite.steps,
-                                  device=args.device, preset=suite.preset, on_event=progress,
-                                  timeout_s=args.timeout)  # fmt: skip
+                runs, _ = run_rounds(suite.workload, [c.config for c in suite.configurations], protocol, widths,
+                                     labels=[c.name for c in suite.configurations], kind="regress",
+                                     run_label=suite.name, store=store if saving else None, warmup=suite.warmup,
+                                     steps=suite.steps, device=args.device, preset=suite.preset, on_event=progress,
+                                     timeout_s=args.timeout)  # fmt: skip
             current = {c.name: r for c, r in zip(suite.configurations, runs)}
     baselines = {name: Baseline(describe_trials(t), [x.result for x in t]) if t else None for name, t in found.items()}
-    report = check_regressions(suite, current, baselines, against=reference.describe(), threshold=args.threshold)
+    report = check_regressions(suite, current, baselines, against=reference.describe(), threshold=args.threshold,
+                               confidence=args.confidence)  # fmt: skip
     print(json.dumps(report.to_dict(), indent=2) if args.json else format_report(report))
     return report.exit_code
 

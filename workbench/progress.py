@@ -10,7 +10,7 @@ import sys
 from types import TracebackType
 from typing import TextIO
 
-from workbench.measure.events import Event, StepMeasured, TrialFinished, TrialStarted
+from workbench.measure.events import Event, RoundMeasured, StepMeasured, TrialFinished, TrialStarted
 
 
 class ProgressLine:
@@ -34,10 +34,21 @@ class ProgressLine:
             self._done = event.step + 1
             kind = "step" if event.timed else "warm-up"
             self._draw(f"{kind} {event.step_ms:7.1f} ms")
+        elif isinstance(event, RoundMeasured):
+            self._round(event)
         elif isinstance(event, TrialFinished):
             result = event.result
             median = f"median {result.median_step_ms:.1f} ms" if result.median_step_ms else result.status
             self._draw(median if result.ok else f"{result.status}: {result.message.splitlines()[0][:80]}", final=True)
+
+    def _round(self, event: RoundMeasured) -> None:
+        """One line per round: the widest interval so far against the target, and the budget."""
+        widths = [w for w in event.half_widths.values() if w is not None]
+        widest = f"widest ±{max(widths):.1%}" if len(widths) == len(event.half_widths) else "intervals need more rounds"
+        line = (f"round {event.round} ({event.design}): {widest}, target ±{event.precision:.1%}; "
+                f"{event.elapsed_s:.0f}/{event.budget_s:.0f} s")  # fmt: skip
+        self.stream.write(("\r\033[K" + line) if self._tty else line + "\n")
+        self.stream.flush()
 
     def _draw(self, note: str, final: bool = False) -> None:
         filled = int(self.width * self._done / self._total) if self._total else 0

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from workbench.textfmt import format_bytes, format_ms, table
 
 if TYPE_CHECKING:
+    from workbench.analysis.compare import CandidateComparison, Comparison
     from workbench.api import ComparisonRun
     from workbench.measure.result import TrialResult
 
@@ -39,7 +40,7 @@ def comparison_table(outcome: ComparisonRun) -> str:
     base = comp.baseline
     rows = [[f"baseline: {base.label}", format_ms(base.median_step_ms), format_ms(base.iqr_step_ms), "1.00x", "",
              format_bytes(base.peak_memory_bytes), "", "", base.status]]  # fmt: skip
-    for row in comp.candidates:
+    for index, row in enumerate(comp.candidates):
         s = row.summary
         ci = f"[{row.speedup_ci[0]:.2f}, {row.speedup_ci[1]:.2f}]" if row.speedup_ci else ""
         numerics = {True: "ok", False: "MISMATCH", None: "n/a"}[row.numerics_ok]
@@ -53,12 +54,53 @@ def comparison_table(outcome: ComparisonRun) -> str:
             f"{format_bytes(s.peak_memory_bytes)} ({_signed_bytes(row.peak_memory_delta_bytes)})",
             f"{row.final_loss_delta:+.4f}" if row.final_loss_delta is not None else "n/a",
             numerics,
-            f"{row.verdict}" if s.status == "ok" else status,
+            verdict_text(row) + rank_mark(comp, index) if s.status == "ok" else status,
         ])  # fmt: skip
     headers = ["config", "median ms", "IQR ms", "speedup", f"{comp.confidence:.0%} CI", "peak memory (Δ)",
                "final-loss Δ", "numerics", "verdict"]  # fmt: skip
-    note = f"\n{comp.repeats} repeat(s), interleaved; speedup = baseline median ÷ candidate median."
-    return table(headers, rows) + note
+    return table(headers, rows) + "\n" + "\n".join(protocol_notes(comp))
+
+
+def verdict_text(row: CandidateComparison) -> str:
+    """The verdict, with what an inconclusive one needs: the CLI and the app print the same words."""
+    if row.verdict != "inconclusive":
+        return row.verdict
+    more = f" — {row.rounds_needed} more rounds needed" if row.rounds_needed else ""
+    width = f" at ±{row.half_width:.1%}" if row.half_width is not None else ""
+    return f"inconclusive{width}{more}"
+
+
+def rank_mark(comp: Comparison, index: int) -> str:
+    """' — best' for the winner, ' — tied for best' for a candidate the winner does not beat."""
+    if index == comp.winner:
+        return " — best"
+    return " — tied for best" if index in comp.tied else ""
+
+
+def protocol_notes(comp: Comparison) -> list[str]:
+    """How the verdicts were reached and how noisy it was (one line each)."""
+    design = {
+        "paired": "paired rounds in one worker (blocks of steps, order alternating)",
+        "processes": "one fresh worker process per unit, order alternating",
+    }.get(comp.design, comp.design)
+    target = f", target ±{comp.precision:.1%}" if comp.precision else ""
+    lines = [f"{comp.rounds} round(s): {design}{target}; {comp.stop_reason or 'done'}."]
+    noise = comp.noise
+    parts = []
+    if noise.within_unit_cv is not None:
+        parts.append(f"step-to-step {noise.within_unit_cv:.1%}")
+    if noise.between_unit_sd is not None:
+        parts.append(f"round-to-round {noise.between_unit_sd:.1%}")
+    if noise.baseline_drift is not None:
+        parts.append(f"baseline drift {noise.baseline_drift:.1%}")
+    if noise.host_other_cores is not None:
+        parts.append(f"other processes {noise.host_other_cores:.1f} cores")
+    if parts:
+        lines.append("noise: " + ", ".join(parts) + ".")
+    lines += [f"warning: {text}" for text in noise.warnings]
+    lines.append("speedup = baseline time ÷ candidate time, median over paired rounds (geometric mean over trials "
+                 "when unpaired); 'inconclusive' = too few rounds for the noise: raise --budget or loosen --precision.")  # fmt: skip
+    return lines
 
 
 def _signed_bytes(value: int | None) -> str:

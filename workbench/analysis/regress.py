@@ -22,6 +22,7 @@ from typing import Any, Literal
 import numpy as np
 
 from workbench.analysis.compare import compare_trials
+from workbench.analysis.intervals import MIN_UNITS
 from workbench.config import RESOLVED_TOGGLES, ConfigError, TrainConfig, resolved_settings
 from workbench.measure.result import TrialResult
 
@@ -78,7 +79,7 @@ def parse_suite(data: Any, source: str = "suite") -> Suite:
     preset = data.get("preset", "tiny")
     if not isinstance(preset, str):
         raise SuiteError(f"{source}: 'preset' must be a string such as 'tiny'")
-    numbers = {key: data.get(key, default) for key, default in (("steps", 20), ("warmup", 3), ("repeats", 1))}
+    numbers = {key: data.get(key, default) for key, default in (("steps", 20), ("warmup", 3), ("repeats", MIN_UNITS))}
     for key, value in numbers.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise SuiteError(f"{source}: '{key}' must be an integer >= 1, got {value!r}")
@@ -141,6 +142,10 @@ class RegressionRow:
     speedup: float | None = None
     speedup_ci: tuple[float, float] | None = None
     verdict: str = ""
+    half_width: float | None = None
+    """The interval's relative half-width; None when too few trials (a side) to have one."""
+    units: int = 0
+    """Trials behind the interval (the smaller side)."""
     numerics_ok: bool | None = None
     numerics_note: str = ""
     notes: list[str] = field(default_factory=list)
@@ -211,6 +216,7 @@ def check_one(
         name, label, "pass", [], baseline.label,
         reference_median_ms=_pooled_median(baseline.runs), current_median_ms=row.summary.median_step_ms,
         speedup=row.speedup, speedup_ci=row.speedup_ci, verdict=row.verdict, numerics_ok=row.numerics.ok,
+        half_width=row.half_width, units=row.units,
         numerics_note=row.numerics.note, notes=_environment_notes(baseline.runs[0], current[0]),
         reference_trial_ids=[r.trial_id for r in baseline.runs], current_trial_ids=ids,
     )  # fmt: skip
@@ -225,6 +231,11 @@ def check_one(
         low, high = result.time_change_ci
         result.reasons.append(
             f"slower by {result.time_change:+.1%} (interval {low:+.1%}..{high:+.1%} > {threshold:+.1%})"
+        )
+    if row.verdict == "inconclusive":
+        result.notes.append(
+            f"inconclusive: {row.units} trial(s) a side; at least {MIN_UNITS} a side (reference and now) are needed "
+            "to see between-process noise"
         )
     if row.numerics.ok is False:
         result.status = "regression" if result.status == "pass" else result.status

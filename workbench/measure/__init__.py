@@ -1,6 +1,14 @@
 """Measured training windows: `run_trial`, its events and its result."""
 
-from workbench.measure.events import Event, EventSink, StepMeasured, TrialFinished, TrialStarted, event_to_dict
+from workbench.measure.events import (
+    Event,
+    EventSink,
+    RoundMeasured,
+    StepMeasured,
+    TrialFinished,
+    TrialStarted,
+    event_to_dict,
+)
 from workbench.measure.result import STATUSES, TrialResult
 from workbench.measure.trial import run_trial
 
@@ -8,6 +16,7 @@ __all__ = [
     "STATUSES",
     "Event",
     "EventSink",
+    "RoundMeasured",
     "StepMeasured",
     "TrialFinished",
     "TrialResult",

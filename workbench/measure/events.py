@@ -41,7 +41,23 @@ class TrialFinished:
     result: TrialResult
 
 
-Event = TrialStarted | StepMeasured | TrialFinished
+@dataclass(frozen=True)
+class RoundMeasured:
+    """One round of a comparison's protocol: a unit of each configuration still being measured."""
+
+    round: int
+    design: str
+    """'paired' (blocks in one worker) or 'processes' (a fresh trial per unit)."""
+    blocks: dict[int, list[float]]
+    """Config index (0 = baseline) → this round's step times for it."""
+    half_widths: dict[int, float | None]
+    """Candidate config index → its interval's relative half-width so far (None: too few rounds)."""
+    precision: float
+    elapsed_s: float
+    budget_s: float
+
+
+Event = TrialStarted | StepMeasured | TrialFinished | RoundMeasured
 EventSink = Callable[[Event], None]
 
 

@@ -66,6 +66,9 @@ class TrialResult:
     rank_step_ms: list[list[float]] = field(default_factory=list)
     """Distributed trials: every rank's timed-window step times, indexed by global rank (stragglers
     show here; `step_ms` holds rank 0's). Empty for single-process trials."""
+    comparison: dict[str, Any] | None = None
+    """Set on a comparison's stored trials when it ends: this configuration's calibrated figures
+    (speedup, interval, verdict, units, design, noise), so the history keeps the verdict too."""
     distributed: dict[str, Any] | None = None
     """Distributed trials: strategy, backend, world size, per-rank compute/communication/overlap from
     the profiled window, all-reduce bandwidth and rank skew (`workbench.distributed.stats`)."""

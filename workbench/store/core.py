@@ -140,6 +140,19 @@ class Store:
             if cursor.rowcount != 1:
                 raise KeyError(f"no stored trial {trial_id!r} in {self.path}")
 
+    def attach_comparison(self, trial_id: str, figures: dict[str, Any]) -> None:
+        """Record a finished comparison's figures on a trial saved while it ran (`TrialResult.comparison`)."""
+        with self._write() as conn:
+            row = conn.execute("SELECT other FROM trials WHERE trial_id = ?", (trial_id,)).fetchone()
+            if row is None:
+                raise KeyError(f"no stored trial {trial_id!r} in {self.path}")
+            other = json.loads(row[0] or "{}")
+            other["comparison"] = figures
+            conn.execute(
+                "UPDATE trials SET other = ? WHERE trial_id = ?",
+                (json.dumps(other, allow_nan=True, default=str), trial_id),
+            )
+
     # --- queries ------------------------------------------------------------------
 
     def history(

@@ -1,0 +1,85 @@
+"""Are the verdicts calibrated on real trials here? A/A false verdicts and injected-slowdown detection.
+
+Runs `run_comparison` at the protocol's defaults, N times each:
+- A/A: the baseline against an identical candidate. Any "faster"/"slower" is a false verdict
+  (target: at most 1 in 10).
+- A/B: the candidate pays a known extra CPU cost per sample (`sample_cost_ms`, num_workers=0, so
+  it lands in the step) sized to slow the step by `--slowdown` (default 10%). Target: called
+  "slower" at least 9 in 10; the interval should cover the true ratio, base ÷ (base + cost),
+  computed from the comparison's own baseline step time.
+Also prints seconds per comparison (target ≤ 60 s) and the noise each comparison reported.
+
+    .venv/bin/python benchmarks/calibration.py [--n 10] [--slowdown 0.10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from workbench.api import run_comparison
+from workbench.config import TrainConfig
+from workbench.measure import run_trial
+from workbench.protocol import Protocol
+
+WORKLOAD = "bev-perception"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=10, help="comparisons of each kind (default 10)")
+    parser.add_argument("--slowdown", type=float, default=0.10, help="injected slowdown (default 0.10 = 10%%)")
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--budget", type=float, default=Protocol.budget_s)
+    args = parser.parse_args()
+    protocol = Protocol(budget_s=args.budget)
+    base = TrainConfig()
+    probe = run_trial(WORKLOAD, base, steps=10, preset=args.preset)
+    batch = probe.samples_per_step
+    cost_ms = args.slowdown * (probe.median_step_ms or 0.0) / batch
+    slowed = base.with_overrides(f"extra.sample_cost_ms={cost_ms:.3f}")
+    print(f"{WORKLOAD} [{args.preset}], probe median {probe.median_step_ms:.1f} ms, batch {batch}: "
+          f"injecting {cost_ms:.2f} ms/sample (≈{args.slowdown:.0%})")  # fmt: skip
+
+    aa, ab = [], []
+    for i in range(args.n):  # interleave the kinds, so a drifting machine hits both alike
+        aa.append(_one(base, base, protocol, args.preset, 0.0, batch))
+        ab.append(_one(base, slowed, protocol, args.preset, cost_ms, batch))
+        print(f"  {i + 1}/{args.n}: A/A {_fmt(aa[-1])} | A/B {_fmt(ab[-1])}", flush=True)
+
+    false = sum(r["verdict"] in ("faster", "slower") for r in aa)
+    inconclusive = sum(r["verdict"] == "inconclusive" for r in aa)
+    caught = sum(r["verdict"] == "slower" for r in ab)
+    covered = sum(r["covers"] for r in ab)
+    seconds = [r["seconds"] for r in aa + ab]
+    print(f"A/A false verdicts: {false}/{args.n} (target <= {args.n // 10}); inconclusive {inconclusive}/{args.n}")
+    print(f"A/B {args.slowdown:.0%} slowdown called slower: {caught}/{args.n} (target >= {args.n - args.n // 10}); "
+          f"interval covers the true ratio: {covered}/{args.n}")  # fmt: skip
+    print(f"seconds per comparison: median {statistics.median(seconds):.1f}, max {max(seconds):.1f} (target <= 60)")
+    print(f"rounds per comparison: median {statistics.median(r['rounds'] for r in aa + ab):.0f}; host busy (other "
+          f"cores) median {statistics.median(r['other'] or 0.0 for r in aa + ab):.2f}")  # fmt: skip
+
+
+def _one(base: TrainConfig, cand: TrainConfig, protocol: Protocol, preset: str, cost_ms: float, batch: int) -> dict:
+    began = time.perf_counter()
+    outcome = run_comparison(WORKLOAD, base, [cand], protocol=protocol, preset=preset, store=None)
+    seconds = time.perf_counter() - began
+    comp = outcome.comparison
+    row = comp.candidates[0]
+    base_ms = comp.baseline.median_step_ms or 0.0
+    truth = base_ms / (base_ms + batch * cost_ms) if base_ms else 1.0
+    covers = row.speedup_ci is not None and row.speedup_ci[0] <= truth <= row.speedup_ci[1]
+    return {"verdict": row.verdict, "speedup": row.speedup, "ci": row.speedup_ci, "truth": truth, "covers": covers,
+            "seconds": seconds, "rounds": comp.rounds, "other": comp.noise.host_other_cores}  # fmt: skip
+
+
+def _fmt(r: dict) -> str:
+    ci = f"[{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]" if r["ci"] else "n/a"
+    return (
+        f"{r['speedup']:.3f} {ci} {r['verdict']} ({r['rounds']} rounds, {r['seconds']:.0f} s, truth {r['truth']:.3f})"
+    )
+
+
+if __name__ == "__main__":
+    main()

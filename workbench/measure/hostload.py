@@ -1,0 +1,51 @@
+"""How busy the host was with *other* work while we measured.
+
+Whole-machine busy CPU time (psutil) minus our own process's and its reaped children's
+(`os.times`: a worker that has ended and been waited for counts, with the DataLoader
+workers it waited for), over the wall time. On a 2-core box a background compile or test
+run shows as ~1 core, which is what makes a process-level figure drift.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+_BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")
+
+
+class HostLoad:
+    """`start()`, measure, end every worker, then `other_cores()`."""
+
+    def __init__(self) -> None:
+        self._begin: tuple[float, float, float] | None = None
+
+    def start(self) -> HostLoad:
+        self._begin = (time.monotonic(), _machine_busy_s(), _own_cpu_s())
+        return self
+
+    def other_cores(self) -> float | None:
+        """Average cores other processes kept busy since `start()`; None if unknown or too short.
+
+        Call it after the workers ended and were joined: a live worker's CPU time is not yet
+        in `os.times()`, and would count as "other"."""
+        if self._begin is None:
+            return None
+        began, busy0, own0 = self._begin
+        wall = time.monotonic() - began
+        if wall < 1.0:
+            return None
+        other = (_machine_busy_s() - busy0) - (_own_cpu_s() - own0)
+        return max(0.0, other / wall)
+
+
+def _machine_busy_s() -> float:
+    import psutil
+
+    times = psutil.cpu_times()
+    return float(sum(getattr(times, name, 0.0) for name in _BUSY_FIELDS))
+
+
+def _own_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system

@@ -1,0 +1,168 @@
+"""A paired session: several configurations built side by side in one worker, timed in blocks.
+
+Why: on a shared host a whole process runs ±10–20% fast or slow, so one process per trial
+needs dozens of processes before a ±3% interval. Built in one worker, the baseline and the
+candidates see the same process state; blocks of steps alternate between them (the caller
+chooses the order of each round), and the ratio of two blocks measured back to back
+cancels whatever moves the process. Each block starts with one untimed step, so the switch
+from another model (cold caches) never enters a step time. Memory and compile figures do
+*not* come from here — they need a fresh process — only step times.
+
+The worker serves commands from the parent ("round", order, steps) and answers one
+"block" message per configuration; the parent owns the protocol (which rounds, when to stop).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from typing import Any
+
+from workbench.config import ConfigError, TrainConfig
+from workbench.measure.worker import POLL_S, pack_workload, unpack_workload
+from workbench.workloads.base import Workload, WorkloadError
+
+
+class SessionFailed(Exception):
+    """The paired worker could not build, warm up or time a configuration (its text says why)."""
+
+
+class PairedSession:
+    """Parent side: start the worker, warm every configuration, then run rounds on demand."""
+
+    def __init__(
+        self,
+        workload: Workload | str,
+        configs: list[TrainConfig],
+        *,
+        warmup: int,
+        device: str,
+        preset: str,
+        timeout_s: float | None = None,
+        cancel: threading.Event | None = None,
+    ) -> None:
+        from workbench.measure.child import ChildProcess
+
+        self.configs = configs
+        self.timeout_s = timeout_s
+        self.cancel = cancel
+        options = {"warmup": warmup, "device": device, "preset": preset}
+        self.child = ChildProcess(_serve, pack_workload(workload), [c.to_dict() for c in configs], options)
+        try:
+            reply = self._receive(startup=True)
+        except BaseException:
+            self.close()
+            raise
+        self.warmup_ms: list[list[float]] = reply[1]
+
+    def run_round(self, order: list[int], steps: int) -> dict[int, list[float]]:
+        """Time `steps` steps of each configuration in `order`, one block after another."""
+        self.child.outbox.send(("round", list(order), steps))
+        blocks: dict[int, list[float]] = {}
+        while len(blocks) < len(order):
+            _, index, step_ms = self._receive()
+            blocks[index] = step_ms
+        return blocks
+
+    def close(self) -> None:
+        try:
+            self.child.outbox.send(("stop",))
+        except OSError:
+            pass
+        self.child.join(2)
+        self.child.stop()
+
+    def _receive(self, startup: bool = False) -> Any:
+        # Start-up builds and warms every configuration (compiles included): no silence limit there.
+        deadline = None if startup or self.timeout_s is None else time.monotonic() + self.timeout_s
+        while True:
+            if self.cancel is not None and self.cancel.is_set():
+                raise SessionFailed("cancelled by the caller")
+            if deadline is not None and time.monotonic() > deadline:
+                raise SessionFailed(f"no progress for {self.timeout_s:g} s")
+            try:
+                if not self.child.inbox.poll(POLL_S):
+                    if not self.child.is_alive() and not self.child.inbox.poll(0):
+                        raise SessionFailed(f"the paired worker exited (code {self.child.exitcode})")
+                    continue
+                message = self.child.inbox.recv()
+            except (EOFError, OSError):
+                raise SessionFailed(f"the paired worker exited (code {self.child.exitcode})") from None
+            if message[0] in ("ready", "block"):
+                return message
+            if message[0] == "input_error":
+                raise (WorkloadError if message[1] == "WorkloadError" else ConfigError)(message[2])
+            raise SessionFailed(str(message[-1]))
+
+
+# --- the worker side ---------------------------------------------------------------
+
+
+def _serve(
+    requests: Any, replies: Any, payload: bytes, config_dicts: list[dict[str, Any]], options: dict[str, Any]
+) -> None:
+    """The worker's job: build and warm every configuration, then answer round commands until 'stop'."""
+    try:
+        steps = _build_all(unpack_workload(payload), [TrainConfig.from_dict(c) for c in config_dicts], options)
+    except (ConfigError, WorkloadError) as exc:
+        replies.send(("input_error", type(exc).__name__, str(exc)))
+        return
+    except BaseException as exc:  # an OOM with several models resident, a user error: the parent decides
+        replies.send(("failed", f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"))
+        return
+    replies.send(("ready", [warm for _, _, _, warm in steps]))
+    while True:
+        try:
+            command = requests.recv()
+        except (EOFError, OSError):  # the parent is gone
+            return
+        if command[0] != "round":
+            return
+        _, order, count = command
+        try:
+            for index in order:
+                train_step, batches, config, _ = steps[index]
+                replies.send(("block", index, _time_block(train_step, batches, config, count)))
+        except BaseException as exc:
+            replies.send(("failed", f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"))
+            return
+
+
+def _build_all(workload: Workload | str, configs: list[TrainConfig], options: dict[str, Any]) -> list[Any]:
+    from workbench.device import check_config, resolve_device
+    from workbench.measure.timing import synchronize
+    from workbench.measure.trial import one_step
+    from workbench.optimizations.build import build
+    from workbench.workloads import load_workload
+
+    dev = resolve_device(options["device"])
+    built = []
+    for config in configs:
+        check_config(config, dev)
+        wl = (
+            load_workload(workload, preset=options["preset"], **config.extra) if isinstance(workload, str) else workload
+        )
+        train_step = build(wl, config, dev)
+        batches = wl.batches(config)
+        warm = []
+        for _ in range(options["warmup"]):
+            begin = time.perf_counter()
+            one_step(train_step, batches, config, clock=None)
+            synchronize(dev)
+            warm.append((time.perf_counter() - begin) * 1000.0)
+        built.append((train_step, batches, config, warm))
+    return built
+
+
+def _time_block(train_step: Any, batches: Any, config: TrainConfig, count: int) -> list[float]:
+    """One untimed step (the switch from another model), then `count` steps on the device's clock."""
+    from workbench.measure.timing import make_clock, synchronize
+    from workbench.measure.trial import one_step
+
+    one_step(train_step, batches, config, clock=None)
+    synchronize(train_step.device)
+    clock = make_clock(train_step.device)
+    for _ in range(count):
+        one_step(train_step, batches, config, clock=clock)
+    return [timing.step_ms for timing in clock.finish()]
