@@ -159,10 +159,12 @@ def test_baseline_and_candidate_fill_charts_table_and_export(make_app) -> None:
     assert starts[0][1] <= starts[1][0] + 0.5  # one after the other
 
     points = app.charts.step_points.data
-    assert len(points["step_ms"]) == 10
     baseline, candidate = app.records
+    row = candidate.entry.row
+    assert row is not None and row.units >= 6  # the candidate was compared by the protocol's rounds
+    assert len(points["step_ms"]) == 10 + 5 * row.units  # its fresh trial, then each round's block of 5
     assert points["step_ms"][:5] == pytest.approx(baseline.result.step_ms)
-    assert points["step_ms"][5:] == pytest.approx(candidate.result.step_ms)
+    assert points["step_ms"][5:10] == pytest.approx(candidate.result.step_ms)
     assert app.charts.step_lines.data["label"] == ["baseline: defaults", "candidate 1: amp=bf16"]
     assert len(app.charts.peak_memory.data["peak_mib"]) == 2
     assert app.charts.peak_memory.data["peak_mib"][0] == pytest.approx(baseline.result.peak_memory_bytes / 2**20)
@@ -171,7 +173,8 @@ def test_baseline_and_candidate_fill_charts_table_and_export(make_app) -> None:
     table = _text(app.table.value)
     assert "candidate 1" in table and "amp : fp32 → bf16" in table
     assert re.search(r"\d+\.\d\d× \[\d+\.\d\d, \d+\.\d\d\]", table)
-    assert re.search(r"faster|slower|no significant difference", table)
+    assert re.search(r"faster|slower|no significant difference|inconclusive", table)
+    assert re.search(r"\d+ rounds", table) and "round(s): paired rounds" in table
     assert "MiB" in table and "ok" in table
 
     labels = [label for label, _ in app.export.choice.options]
@@ -235,18 +238,31 @@ def test_an_erroring_trial_is_a_readable_row_and_the_app_keeps_working(make_app)
     assert app.records[1].bar.bar_style == "danger"
 
 
-def test_repeats_interleave_candidate_and_baseline(make_app) -> None:
-    app = make_app(steps=3)
+def test_a_candidate_is_compared_by_the_protocol_against_the_finished_baseline(make_app) -> None:
+    """The app's controls feed the one protocol: the baseline's trial is re-used (not re-run), the
+    candidate's rounds stream into its progress caption, and a 2x-slower step (the sleeping
+    forward runs twice per step with grad_accumulation=2) is called slower."""
+    app = make_app(toy(sleep_s=0.01), steps=3)
+    app.precision.value, app.budget.value = 4.0, 20
     app.run_baseline_button.click()
-    app.repeats.value = 2
-    app.panel["channels_last"].value = True
+    app.panel["grad_accumulation"].value = 2
     app.run_candidate_button.click()
-    entry = app.entries[-1]
+    captions: set[str] = set()
+    deadline = time.monotonic() + 240
+    while app.runner.busy and time.monotonic() < deadline:
+        captions.add(_text(app.records[-1].caption.value))
+        time.sleep(0.1)
     app.wait(timeout=240)
-    order = [r.entry.role for r in sorted(app.records, key=lambda r: r.result.started_at)]
-    assert order == ["baseline", "candidate", "baseline", "candidate"]
-    assert len(entry.results()) == 2 and len(app.entries[0].results()) == 2
-    assert "ok ×2" in _text(app.table.value)
+    baseline, candidate = app.entries
+    assert len(baseline.results()) == 1 and len(candidate.results()) == 1
+    comparison = candidate.comparison
+    assert comparison is not None and comparison.precision == pytest.approx(0.04)
+    assert comparison.baseline.trial_ids == [baseline.results()[0].trial_id]  # re-used, not measured again
+    assert candidate.row is not None and candidate.row.verdict == "slower" and candidate.row.units >= 6
+    assert any(re.search(r"round \d+: ±\d+\.\d%", c) for c in captions), captions
+    table = _text(app.table.value)
+    assert "slower" in table and "target ±4.0%" in table and "noise: step-to-step" in table
+    assert app.export.choice.value == 0  # nothing faster: the export stays on the baseline
 
 
 def test_candidate_with_a_different_window_than_the_baseline_is_refused(make_app) -> None:

@@ -18,9 +18,10 @@ from typing import Any
 import ipywidgets as widgets
 
 from workbench.analysis.compare import Comparison
+from workbench.api import ComparisonRun, Protocol
 from workbench.config import ConfigError, TrainConfig
 from workbench.device import capabilities, check_config, device_info, resolve_device
-from workbench.measure import StepMeasured, TrialResult, TrialStarted
+from workbench.measure import RoundMeasured, StepMeasured, TrialResult, TrialStarted
 from workbench.measure.monitor import DeviceMonitor
 from workbench.ui.charts import TIMELINE_S, LiveCharts, TrialSeries
 from workbench.ui.controls import ConfigPanel
@@ -28,7 +29,7 @@ from workbench.ui.diagnosis_view import DiagnosisView
 from workbench.ui.exporter import ExportPanel
 from workbench.ui.history_view import HistoryView
 from workbench.ui.layout import build_layout, progress_row, workload_options
-from workbench.ui.runs import Entry, Inbox, RunSpec, TrialRecord, TrialRunner
+from workbench.ui.runs import Entry, Inbox, RunSpec, TrialRecord, TrialRunner, finish
 from workbench.ui.table import comparison_for, render_ranks, render_table
 from workbench.workloads import PRESETS, Workload
 
@@ -51,7 +52,8 @@ class Workbench:
         device: str | None = None,
         warmup: int = 3,
         steps: int = 20,
-        repeats: int = 1,
+        precision: float = Protocol.precision,
+        budget_s: float = Protocol.budget_s,
         timeout_s: float | None = None,
         refresh_hz: float = 4.0,
         monitor_rate_hz: float = 10.0,
@@ -75,7 +77,8 @@ class Workbench:
         self.charts = LiveCharts(self.monitor.gpu_names)
         self.export = ExportPanel(self._insert_cell)
         self._frontend = _jupyterlab_frontend()
-        self._build_widgets(workload, preset or ("base" if dev.type == "cuda" else "tiny"), warmup, steps, repeats)
+        self._build_widgets(workload, preset or ("base" if dev.type == "cuda" else "tiny"), warmup, steps)
+        self.precision.value, self.budget.value = precision * 100.0, budget_s
         self.runner = TrialRunner(self._inbox, self._wake.set)
         self._pump = threading.Thread(target=self._pump_loop, name="workbench-ui-pump", daemon=True)
         self._pump.start()
@@ -95,16 +98,17 @@ class Workbench:
     # --- actions (buttons call these; so can code) -----------------------------------
 
     def run_baseline(self, config: TrainConfig | None = None) -> Entry | None:
-        """Run `config` (default: the panel's) as the new baseline, `repeats` times; None if refused."""
+        """Run `config` (default: the panel's) as the new baseline (one trial); None if refused."""
         return self._submit("baseline", config)
 
     def run_candidate(self, config: TrainConfig | None = None) -> Entry | None:
-        """Run `config` (default: the panel's) as a candidate; repeats > 1 interleave with baseline repeats."""
+        """Run `config` (default: the panel's) as a candidate: with a baseline, a calibrated comparison
+        against it (paired rounds until ±precision or the budget); None if refused."""
         return self._submit("candidate", config)
 
     @property
     def comparison(self) -> Comparison | None:
-        """`compare_trials` over the finished baseline and candidates (what the table shows)."""
+        """The baseline and each candidate's protocol verdict, with the winner (what the table shows)."""
         with self._lock:
             return comparison_for(self.entries)
 
@@ -167,9 +171,7 @@ class Workbench:
 
     # --- internals: building ---------------------------------------------------------
 
-    def _build_widgets(
-        self, workload: Workload | str | None, preset: str, warmup: int, steps: int, repeats: int
-    ) -> None:
+    def _build_widgets(self, workload: Workload | str | None, preset: str, warmup: int, steps: int) -> None:
         options, fixed = workload_options(workload)
         self.workload_picker = widgets.Dropdown(options=options, value=options[0][1], description="workload")
         self.preset_picker = widgets.ToggleButtons(
@@ -181,9 +183,14 @@ class Workbench:
         self.steps = widgets.BoundedIntText(
             value=steps, min=1, max=100_000, description="steps", layout=widgets.Layout(width="160px")
         )
-        self.repeats = widgets.BoundedIntText(
-            value=repeats, min=1, max=50, description="repeats", layout=widgets.Layout(width="160px")
-        )
+        self.precision = widgets.BoundedFloatText(
+            value=3.0, min=0.1, max=50.0, step=0.5, description="± %", layout=widgets.Layout(width="150px"),
+            tooltip="stop a comparison when its speedup interval is this narrow",
+        )  # fmt: skip
+        self.budget = widgets.BoundedIntText(
+            value=60, min=5, max=3600, description="budget s", layout=widgets.Layout(width="170px"),
+            tooltip="seconds a comparison may take before it stops adding rounds",
+        )  # fmt: skip
         self.run_baseline_button = widgets.Button(description="Run baseline", button_style="primary", icon="play")
         self.run_candidate_button = widgets.Button(description="Run candidate", button_style="success", icon="play")
         self.cancel_button = widgets.Button(description="Cancel", button_style="danger", icon="stop", disabled=True)
@@ -215,9 +222,10 @@ class Workbench:
         workload = self.workload_picker.value
         preset = self.preset_picker.value
         label = workload.describe() if isinstance(workload, Workload) else f"{workload} [{preset}]"
+        protocol = Protocol(precision=self.precision.value / 100.0, budget_s=float(self.budget.value))
         return RunSpec(
             workload, label, preset, self.warmup.value, self.steps.value, self.device, self.timeout_s,
-            profile=self.profile_box.value,
+            profile=self.profile_box.value, protocol=protocol,
         )  # fmt: skip
 
     def _submit(self, role: str, config: TrainConfig | None = None) -> Entry | None:
@@ -226,10 +234,10 @@ class Workbench:
                 self.panel.set_config(config)  # show what runs; check_config below refuses what cannot
             config = config if config is not None else self.panel.config()
             check_config(config, self.device)
+            spec = self._spec()
         except ConfigError as exc:
             self._say(f"Not started: {exc}", error=True)
             return None
-        spec = self._spec()
         with self._lock:
             baseline = next((e for e in self.entries if e.role == "baseline"), None)
             if role == "candidate" and baseline is not None and not _same_window(baseline.spec, spec):
@@ -240,13 +248,11 @@ class Workbench:
                 )
                 return None
             entry = self._new_entry(role, config, spec)
-            order = [entry] * self.repeats.value
-            if role == "candidate" and baseline is not None and self.repeats.value > 1:
-                # Interleave C B C B … C: machine drift then hits both sides alike (DESIGN, decision 3).
-                order = [e for _ in range(self.repeats.value - 1) for e in (entry, baseline)] + [entry]
-            for target in order:
-                self._enqueue(target)
-        self._say(f"Queued {entry.label} ({len(order)} trial{'s' if len(order) > 1 else ''}).")
+            if role == "candidate":
+                entry.baseline = baseline  # compared by the protocol once the baseline's trial has finished
+            self._enqueue(entry)
+        against = " against the baseline" if role == "candidate" and baseline is not None else ""
+        self._say(f"Queued {entry.label}{against}.")
         return entry
 
     def _new_entry(self, role: str, config: TrainConfig, spec: RunSpec) -> Entry:
@@ -332,10 +338,19 @@ class Workbench:
                 if item.timed:
                     record.step_ms.append(item.step_ms)
                     steps_changed = True
+            elif isinstance(item, RoundMeasured):
+                record.step_ms.extend(item.blocks.get(1, []))  # the candidate is config 1 of its comparison
+                width = item.half_widths.get(1)
+                record.round_text = (
+                    f"round {item.round}: ±{width:.1%} (target ±{item.precision:.1%})"
+                    if width is not None
+                    else f"round {item.round}: too few rounds for an interval yet"
+                ) + f", {item.elapsed_s:.0f}/{item.budget_s:.0f} s"
+                steps_changed = True
             elif isinstance(item, TrialStarted) or item == "running":
                 record.status = "running"
-            elif isinstance(item, TrialResult):
-                record.result, record.status = item, item.status
+            elif isinstance(item, (TrialResult, ComparisonRun)):
+                finish(record, item)
                 finished = True
         for record in self.records:
             if id(record) in touched:
@@ -347,19 +362,19 @@ class Workbench:
         self.table.value = render_table(self.entries, comparison)
         choices: list[tuple[str, TrainConfig]] = []
         winner: int | None = None
-        best = 0.0
-        candidates = iter(comparison.candidates) if comparison else iter(())
+        rows = comparison.candidates if comparison is not None else []
+        best = rows[comparison.winner] if comparison is not None and comparison.winner is not None else None
         for entry in self.entries:
-            ok = [r for r in entry.results() if r.ok]
-            row = next(candidates, None) if entry.role == "candidate" and entry.results() and comparison else None
-            if not ok:
+            if not any(r.ok for r in entry.results()):
                 continue
             label = entry.label
-            if row is not None and row.speedup is not None:
-                label += f" — {row.speedup:.2f}× ({row.verdict})"
-                if row.verdict == "faster" and row.numerics.ok is not False and row.speedup > best:
-                    winner, best = len(choices), row.speedup
+            if entry.row is not None and entry.row.speedup is not None:
+                label += f" — {entry.row.speedup:.2f}× ({entry.row.verdict})"
+                if entry.row is best:  # the winner rule is the comparison's (`pick_winner`), not the app's
+                    winner = len(choices)
             choices.append((label, entry.config))
+        if winner is None and comparison is not None:  # nothing won: keep what runs today, not a loser
+            winner = 0
         self.export.set_choices(choices, winner)
         done = [r for r in self.records if r.result is not None]
         if done and done[-1].result is not None and done[-1].result.ok:
@@ -368,8 +383,9 @@ class Workbench:
         if done and not self.runner.busy:
             last = done[-1].result
             assert last is not None
+            verdict = f" — {done[-1].entry.row.verdict}" if done[-1].entry.row is not None else ""
             self._say(
-                f"Finished {done[-1].entry.label}: {last.status}"
+                f"Finished {done[-1].entry.label}: {last.status}{verdict}"
                 + (f" — {last.message.splitlines()[0]}" if last.message else "")
             )
 
@@ -394,10 +410,14 @@ def _update_progress(record: TrialRecord) -> None:
     spec = record.entry.spec
     if record.result is not None:
         result = record.result
+        row = record.entry.row
         bar.bar_style = "success" if result.ok else "danger"
         median = f"median {result.median_step_ms:.1f} ms" if result.median_step_ms else ""
         why = result.message.splitlines()[0][:160] if result.message else ""
-        text = f"{result.status} {median} {why}".strip()
+        verdict = f"{row.verdict} after {row.units} rounds" if row is not None else ""
+        text = f"{result.status} {median} {verdict} {why}".strip()
+    elif record.round_text:
+        text = record.round_text
     elif record.steps_done <= spec.warmup:
         text = f"warm-up {record.steps_done}/{spec.warmup}" + (
             f" ({record.last_step_ms:.0f} ms)" if record.last_step_ms else ""

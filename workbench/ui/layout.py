@@ -60,7 +60,7 @@ def build_layout(app: Workbench) -> widgets.VBox:
     config = widgets.Accordion(
         children=[app.panel.widget], titles=("Configuration (generated from TrainConfig)",), selected_index=0
     )
-    window = widgets.HBox([app.warmup, app.steps, app.repeats, app.profile_box])
+    window = widgets.HBox([app.warmup, app.steps, app.precision, app.budget, app.profile_box])
     buttons = widgets.HBox([app.run_baseline_button, app.run_candidate_button, app.cancel_button])
     export = widgets.Accordion(children=[app.export.widget], titles=("Export the selected run",), selected_index=0)
     return widgets.VBox(

@@ -1,10 +1,12 @@
 """The app's trials: what was asked, what ran, and the one background runner that runs them in turn.
 
 Trials run one at a time — two trials sharing the CPUs or the GPU would measure each
-other. Each goes through `workbench.api.start_trial` (a worker process per trial), so
-the kernel stays free and Cancel ends the worker. The runner never touches a widget:
-it appends (record, event) pairs to an inbox that the app's pump drains a few times
-a second, which keeps UI work off the trial's path and on one thread.
+other. A baseline is one trial (`workbench.api.start_trial`, a worker process); a candidate
+with a baseline is a comparison by the calibrated protocol (`start_comparison`: its fresh
+trial, then paired rounds against the baseline until precise or out of budget), re-using
+the baseline's finished trial. The kernel stays free and Cancel ends the workers. The
+runner never touches a widget: it appends (record, event) pairs to an inbox that the app's
+pump drains a few times a second, which keeps UI work off the trial's path and on one thread.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from workbench.api import TrialHandle, start_trial
+from workbench.analysis.compare import CandidateComparison, Comparison
+from workbench.api import ComparisonRun, Protocol, TrialHandle, start_comparison, start_trial
 from workbench.config import TrainConfig
 from workbench.measure import Event, TrialResult
 from workbench.workloads import Workload
@@ -39,6 +42,8 @@ class RunSpec:
     timeout_s: float | None = None
     profile: bool = False
     """Profile a few extra steps after the timed window (evidence for the Diagnosis tab)."""
+    protocol: Protocol = field(default_factory=Protocol)
+    """How a candidate is compared with the baseline (precision, budget)."""
 
 
 @dataclass
@@ -51,6 +56,11 @@ class Entry:
     spec: RunSpec
     color: str
     records: list[TrialRecord] = field(default_factory=list)
+    baseline: Entry | None = None
+    """The baseline a candidate is compared against (None: ran alone)."""
+    row: CandidateComparison | None = None
+    """The protocol's verdict for this candidate, once its comparison finished."""
+    comparison: Comparison | None = None
 
     @property
     def label(self) -> str:
@@ -80,6 +90,8 @@ class TrialRecord:
     bar: Any = None
     """The app's progress bar and caption for this trial (widgets, set by the app)."""
     caption: Any = None
+    round_text: str = ""
+    """The protocol's progress while a comparison runs its rounds."""
 
     @property
     def total_steps(self) -> int:
@@ -87,6 +99,15 @@ class TrialRecord:
 
 
 Inbox = collections.deque[tuple[TrialRecord, Any]]
+
+
+def finish(record: TrialRecord, outcome: TrialResult | ComparisonRun) -> None:
+    """Put a finished trial or comparison on its record (and a comparison's verdict on its entry)."""
+    if isinstance(outcome, ComparisonRun):
+        record.entry.row = outcome.comparison.candidates[0]
+        record.entry.comparison = outcome.comparison
+        outcome = outcome.candidate_runs[0][0]
+    record.result, record.status = outcome, outcome.status
 
 
 class TrialRunner:
@@ -99,6 +120,9 @@ class TrialRunner:
         self._lock = threading.Lock()
         self._current: tuple[TrialRecord, TrialHandle] | None = None
         self._pending = 0
+        # Results this runner produced, by entry: a candidate's comparison re-uses its baseline's
+        # trial as soon as it ended, without waiting for the pump to put it on the record.
+        self._finished: dict[int, list[TrialResult]] = {}
         self._thread = threading.Thread(target=self._loop, name="workbench-trial-runner", daemon=True)
         self._thread.start()
 
@@ -155,18 +179,15 @@ class TrialRunner:
         def on_event(event: Event, record: TrialRecord = record) -> None:
             self._inbox.append((record, event))  # deque.append is atomic; the pump does the rest
 
+        options = dict(warmup=spec.warmup, steps=spec.steps, preset=spec.preset, device=spec.device,
+                       timeout_s=spec.timeout_s, profile=spec.profile, on_event=on_event)  # fmt: skip
+        known = [r for r in self._finished.get(id(entry.baseline), []) if r.ok]
         try:
-            handle = start_trial(
-                spec.workload,
-                entry.config,
-                warmup=spec.warmup,
-                steps=spec.steps,
-                preset=spec.preset,
-                device=spec.device,
-                timeout_s=spec.timeout_s,
-                profile=spec.profile,
-                on_event=on_event,
-            )
+            if known and entry.baseline is not None:
+                handle = start_comparison(spec.workload, entry.baseline.config, [entry.config], protocol=spec.protocol,
+                                          known_baseline=known, **options)  # fmt: skip
+            else:
+                handle = start_trial(spec.workload, entry.config, **options)
         except Exception as exc:  # start_trial only starts a thread; kept for safety
             self._post(record, failed_result(entry, "error", f"{type(exc).__name__}: {exc}"))
             return
@@ -176,10 +197,12 @@ class TrialRunner:
             handle.cancel()
         self._post(record, "running")
         try:
-            result = handle.result()
+            outcome = handle.result()
         except Exception as exc:  # input errors (ConfigError, WorkloadError) are raised here
-            result = failed_result(entry, "error", f"{type(exc).__name__}: {exc}")
-        self._post(record, result)
+            outcome = failed_result(entry, "error", f"{type(exc).__name__}: {exc}")
+        own = outcome.candidate_runs[0] if isinstance(outcome, ComparisonRun) else [outcome]
+        self._finished.setdefault(id(entry), []).extend(own)
+        self._post(record, outcome)
 
     def _post(self, record: TrialRecord, item: Any) -> None:
         self._inbox.append((record, item))

@@ -1,8 +1,8 @@
-"""The comparison table: `compare_trials`' figures as HTML rows — formatting only, no statistics.
+"""The comparison table: the protocol's figures as HTML rows — formatting only, no statistics.
 
 One row per configuration: the baseline first, then each candidate with its speedup
-and interval, verdict, memory delta, numerics flag, compile time, break-even steps and
-config diff. A trial that failed (OOM, exception, timeout, cancel) is a row that says so
+and interval, verdict (with the rounds behind it and the winner marked), memory delta,
+numerics flag, compile time, break-even steps and config diff. A trial that failed (OOM, exception, timeout, cancel) is a row that says so
 with its message, so one bad candidate never hides the others.
 """
 
@@ -12,7 +12,7 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
-from workbench.analysis.compare import CandidateComparison, Comparison, TrialSummary, compare_trials, summarize
+from workbench.analysis.compare import CandidateComparison, Comparison, TrialSummary, pick_winner, summarize
 from workbench.measure.result import TrialResult
 from workbench.ui.runs import Entry
 
@@ -30,7 +30,8 @@ HEADERS = (
     "break-even",
     "changed vs baseline",
 )
-_VERDICT_COLORS = {"faster": "#1b7e3c", "slower": "#b00020", "no significant difference": "#666", "failed": "#b00020"}
+_VERDICT_COLORS = {"faster": "#1b7e3c", "slower": "#b00020", "no significant difference": "#666",
+                   "inconclusive": "#a36a00", "failed": "#b00020"}  # fmt: skip
 _CSS = (
     "<style>.wb-table{border-collapse:collapse;font-size:12px;margin-top:4px}"
     ".wb-table th,.wb-table td{border-bottom:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}"
@@ -40,12 +41,19 @@ _CSS = (
 
 
 def comparison_for(entries: Sequence[Entry]) -> Comparison | None:
-    """`compare_trials` over the finished baseline and candidates; None before a baseline result."""
+    """The current baseline and the candidates compared against it, winner marked; None before any.
+
+    Each candidate was compared in its own protocol run against this baseline; the winner
+    among them is `pick_winner`'s (intervals that overlap tie)."""
     baseline = next((e for e in entries if e.role == "baseline" and e.results()), None)
-    candidates = [e for e in entries if e.role == "candidate" and e.results()]
-    if baseline is None or not candidates:
+    rows = [e.row for e in entries if e.role == "candidate" and e.baseline is baseline and e.row is not None]
+    if baseline is None or not rows:
         return None
-    return compare_trials(baseline.results(), [c.results() for c in candidates])
+    winner, tied = pick_winner(rows)
+    last = next(e.comparison for e in reversed(entries) if e.row is not None and e.comparison is not None)
+    return Comparison(summarize(baseline.results()), rows, rounds=max(r.units for r in rows),
+                      confidence=last.confidence, equivalence_margin=last.equivalence_margin, design=last.design,
+                      precision=last.precision, noise=last.noise, winner=winner, tied=tied)  # fmt: skip
 
 
 def render_table(entries: Sequence[Entry], comparison: Comparison | None) -> str:
@@ -53,21 +61,37 @@ def render_table(entries: Sequence[Entry], comparison: Comparison | None) -> str
     if not finished:
         return "<i>No finished trials yet: run a baseline, then candidates.</i>"
     current = next((e for e in entries if e.role == "baseline" and e.results()), None)
-    candidate_rows = iter(comparison.candidates if comparison is not None else ())
     rows: list[str] = []
     for entry in finished:
         if entry.role == "baseline" and comparison is not None and entry is current:
             rows.append(_row(entry, comparison.baseline, None))
-        elif entry.role == "candidate" and comparison is not None:
-            rows.append(_row(entry, None, next(candidate_rows)))
-        else:  # no comparison yet, or an earlier baseline that a newer one replaced
+        elif entry.role == "candidate" and comparison is not None and entry.row in comparison.candidates:
+            assert entry.row is not None
+            rows.append(_row(entry, None, entry.row, _mark(comparison, comparison.candidates.index(entry.row))))
+        else:  # no comparison (yet), or compared against an earlier baseline that a newer one replaced
             rows.append(_row(entry, summarize(entry.results()), None))
     note = "" if comparison is not None else "<div><i>Run a baseline and a candidate to compare them.</i></div>"
     head = "".join(f"<th>{h}</th>" for h in HEADERS)
-    return f"{_CSS}{note}<table class='wb-table'><tr>{head}</tr>{''.join(rows)}</table>"
+    return f"{_CSS}{note}<table class='wb-table'><tr>{head}</tr>{''.join(rows)}</table>{_notes(comparison)}"
 
 
-def _row(entry: Entry, summary: TrialSummary | None, cand: CandidateComparison | None) -> str:
+def _mark(comparison: Comparison, index: int) -> str:
+    if index == comparison.winner:
+        return " <b title='the fastest significantly faster candidate with sound numerics'>★ best</b>"
+    return " <i>(tied for best)</i>" if index in comparison.tied else ""
+
+
+def _notes(comparison: Comparison | None) -> str:
+    """The protocol's notes (rounds, noise, warnings): the same lines the CLI prints."""
+    if comparison is None:
+        return ""
+    from workbench.report import protocol_notes
+
+    lines = protocol_notes(comparison)
+    return "<div style='font-size:11px;color:#555'>" + "<br>".join(html.escape(x) for x in lines) + "</div>"
+
+
+def _row(entry: Entry, summary: TrialSummary | None, cand: CandidateComparison | None, mark: str = "") -> str:
     s = cand.summary if cand is not None else summary
     assert s is not None
     failed = s.status != "ok"
@@ -90,7 +114,7 @@ def _row(entry: Entry, summary: TrialSummary | None, cand: CandidateComparison |
     else:
         cells += [
             _speedup(cand),
-            _verdict(cand.verdict),
+            _verdict(cand) + mark,
             _memory_delta(cand.peak_memory_delta_bytes),
             _numerics(cand),
             _compile(s.compile_time_s),
@@ -131,8 +155,12 @@ def _speedup(c: CandidateComparison) -> str:
     return f"<b>{c.speedup:.2f}×</b>{ci}"
 
 
-def _verdict(verdict: str) -> str:
-    return f"<span style='color:{_VERDICT_COLORS.get(verdict, '#000')}'>{html.escape(verdict)}</span>"
+def _verdict(cand: CandidateComparison) -> str:
+    from workbench.report import verdict_text
+
+    units = f"<br><small>{cand.units} rounds</small>" if cand.units else ""
+    color = _VERDICT_COLORS.get(cand.verdict, "#000")
+    return f"<span style='color:{color}'>{html.escape(verdict_text(cand))}</span>{units}"
 
 
 def _memory_delta(delta: int | None) -> str:
