@@ -1,9 +1,10 @@
-"""Time to a verdict: a 5-configuration `compare` on the tiny BEV preset, end to end, process-isolated.
+"""Time to a verdict: a 5-configuration `compare` on the tiny BEV preset, end to end, at the protocol's defaults.
 
-Run it twice: the first run warms the inductor cache (TORCHINDUCTOR_CACHE_DIR), the second is the
-figure that counts. Prints seconds (target ≤ 90 s here) and each speedup with its interval.
+Run it twice: the first run warms the inductor cache (TORCHINDUCTOR_CACHE_DIR); the figures that
+count are the seconds (target ≤ 90 s here) and whether two consecutive runs give overlapping
+intervals for every candidate and the same winner (or both a tie at the top).
 
-    .venv/bin/python benchmarks/verdict_time.py [--steps 20]
+    .venv/bin/python benchmarks/verdict_time.py [--steps 10]
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from workbench.api import run_comparison
 from workbench.config import TrainConfig
+from workbench.report import protocol_notes
 
 CANDIDATES = ["amp=bf16", "amp=bf16,channels_last=true", "amp=bf16,channels_last=true,compile=default",
               "activation_checkpointing=full"]  # fmt: skip
@@ -22,20 +24,24 @@ CANDIDATES = ["amp=bf16", "amp=bf16,channels_last=true", "amp=bf16,channels_last
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=10, help="the characterizing trial's timed steps")
     parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args()
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().parent.parent / ".inductor-cache"))
     baseline = TrainConfig()
     began = time.perf_counter()
     outcome = run_comparison("bev-perception", baseline, [baseline.with_overrides(c) for c in CANDIDATES],
-                             steps=args.steps, warmup=args.warmup)  # fmt: skip
+                             steps=args.steps, warmup=args.warmup, store=None)  # fmt: skip
     elapsed = time.perf_counter() - began
-    print(f"5-configuration compare, bev-perception tiny, {args.steps} steps each: {elapsed:.1f} s (target <= 90 s)")
-    for row in outcome.comparison.candidates:
-        ci = f"[{row.speedup_ci[0]:.2f}, {row.speedup_ci[1]:.2f}]" if row.speedup_ci else "n/a"
-        speedup = f"{row.speedup:.2f}x" if row.speedup else "n/a"
-        print(f"  {row.summary.label:45s} {speedup:>7s} {ci:>14s}  {row.verdict}  numerics={row.numerics_ok}")
+    comp = outcome.comparison
+    print(f"5-configuration compare, bev-perception tiny: {elapsed:.1f} s (target <= 90 s); {comp.rounds} rounds "
+          f"({comp.design}), {comp.stop_reason}")  # fmt: skip
+    for index, row in enumerate(comp.candidates):
+        ci = f"[{row.speedup_ci[0]:.3f}, {row.speedup_ci[1]:.3f}]" if row.speedup_ci else "n/a"
+        speedup = f"{row.speedup:.3f}x" if row.speedup else "n/a"
+        mark = " WINNER" if index == comp.winner else (" tied" if index in comp.tied else "")
+        print(f"  {row.summary.label:45s} {speedup:>7s} {ci:>16s}  {row.verdict}  numerics={row.numerics_ok}{mark}")
+    print("  " + "\n  ".join(protocol_notes(comp)))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ def run_comparison(
     *,
     protocol: Protocol | None = None,
     warmup: int = 3,
-    steps: int = 20,
+    steps: int = 10,
     device: Any = None,
     preset: str = "tiny",
     on_event: EventSink | None = None,

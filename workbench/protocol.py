@@ -36,6 +36,10 @@ from workbench.workloads import Workload
 
 Design = Literal["auto", "paired", "processes"]
 
+CLOSING_S = 1.5
+"""Kept back from the budget for what follows the last round: ending the paired worker (it joins
+its process) and computing the verdict. Measured here at about a second."""
+
 
 @dataclass(frozen=True)
 class Protocol:
@@ -154,7 +158,7 @@ def run_protocol(
     protocol: Protocol | None = None,
     *,
     warmup: int = 3,
-    steps: int = 20,
+    steps: int = 10,
     device: Any = None,
     preset: str = "tiny",
     on_event: EventSink | None = None,
@@ -227,7 +231,7 @@ def stop_reason(
     if rounds_done >= protocol.max_rounds:
         return f"max_rounds={protocol.max_rounds} reached"
     typical = sorted(durations)[len(durations) // 2] if durations else 0.0
-    if elapsed_s + typical > protocol.budget_s:
+    if elapsed_s + typical + CLOSING_S > protocol.budget_s:
         return f"budget of {protocol.budget_s:g} s spent after {rounds_done} rounds"
     return ""
 
