@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from workbench.config import ConfigError, TrainConfig
-from workbench.measure import EventSink, TrialResult, run_trial
+from workbench.measure import TrialResult, run_trial
 from workbench.protocol import ComparisonRun, Protocol, run_protocol
 from workbench.store import DEFAULT_STORE, StoreArg, opened_store
 from workbench.workloads import Workload
@@ -20,26 +20,10 @@ __all__ = ["ComparisonRun", "Protocol", "TrialHandle", "run_and_store", "run_com
            "start_comparison", "start_trial"]  # fmt: skip
 
 
-def run_comparison(
-    workload: Workload | str,
-    baseline: TrainConfig,
-    candidates: Sequence[TrainConfig],
-    *,
-    protocol: Protocol | None = None,
-    warmup: int = 3,
-    steps: int = 10,
-    device: Any = None,
-    preset: str = "tiny",
-    on_event: EventSink | None = None,
-    cancel: threading.Event | None = None,
-    store: StoreArg = DEFAULT_STORE,
-    **trial_options: Any,
-) -> ComparisonRun:
-    """Compare candidates with the baseline by the calibrated protocol (`workbench.protocol`):
-    a fresh trial of each, then rounds until every interval is within ±`protocol.precision`
-    or `protocol.budget_s` is spent. Every fresh trial is saved to `store` (None: not saved)."""
-    return run_protocol(workload, baseline, candidates, protocol, warmup=warmup, steps=steps, device=device,
-                        preset=preset, on_event=on_event, cancel=cancel, store=store, **trial_options)  # fmt: skip
+run_comparison = run_protocol
+"""Compare candidates with the baseline by the calibrated protocol (`workbench.protocol.run_protocol`):
+a fresh trial of each, then rounds until every interval is within ±`protocol.precision` or
+`protocol.budget_s` is spent. Every fresh trial is saved to `store` (None: not saved)."""
 
 
 def run_trials(

@@ -222,8 +222,9 @@ def stop_reason(
 ) -> str:
     """Why the rounds stop now ('' to go on): the one stopping rule of every adaptive loop.
 
-    Nothing stops before `floor` rounds (what the interval needs); then: every interval precise, `max_rounds`, or the next
-    round (at the median round's duration so far) would overrun the budget."""
+    Nothing stops before `floor` rounds (what the interval needs); then: every interval precise,
+    `max_rounds`, or the next round (at the median round's duration so far) would overrun the
+    budget."""
     if rounds_done < floor:
         return ""
     if not active:
@@ -253,8 +254,8 @@ def run_rounds(
     other side is not measured now — `regress`, against stored references.
 
     `half_widths(runs)` returns each configuration's interval half-width so far (None: not known
-    yet, or never to be known); a configuration leaves the rounds once its width is within
-    ±precision. Stops by `stop_reason`; every trial is saved to `store` as it ends."""
+    yet; 0.0 where more trials cannot help, e.g. no reference); a configuration leaves the rounds
+    once its width is within ±precision. Stops by `stop_reason`; every trial is saved to `store` as it ends."""
     runs: list[list[TrialResult]] = [[] for _ in configs]
     began = time.monotonic()
     durations: list[float] = []
