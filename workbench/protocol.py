@@ -237,6 +237,12 @@ def stop_reason(
     return ""
 
 
+def round_order(members: Sequence[int], number: int) -> list[int]:
+    """Round `number`'s order: as given on even rounds, reversed on odd ones (B C1 C2, C2 C1 B, …),
+    so a "second in line is slower" effect hits every configuration alike."""
+    return list(members) if number % 2 == 0 else list(reversed(members))
+
+
 def run_rounds(
     workload: Workload | str,
     configs: Sequence[TrainConfig],
@@ -271,7 +277,7 @@ def run_rounds(
             if reason:
                 return runs, reason
             round_began = time.monotonic()
-            for index in active if done % 2 == 0 else list(reversed(active)):
+            for index in round_order(active, done):
                 result = run_trial(workload, configs[index], cancel=cancel, **window)
                 if recorder is not None:
                     recorder.save(result, label=labels[index] if index < len(labels) else "")
@@ -330,7 +336,7 @@ class _Rounds:
         try:
             local = {config: position for position, config in enumerate(ok)}
 
-            def one_round(order: list[int], number: int) -> dict[int, list[float]]:
+            def one_round(order: list[int]) -> dict[int, list[float]]:
                 blocks = session.run_round([local[i] for i in order], self.protocol.block_steps)
                 return {ok[position]: step_ms for position, step_ms in blocks.items()}
 
@@ -340,7 +346,7 @@ class _Rounds:
         finally:
             session.close()
 
-    def _process_round(self, order: list[int], number: int) -> dict[int, list[float]]:
+    def _process_round(self, order: list[int]) -> dict[int, list[float]]:
         blocks = {}
         for index in order:
             result = self.fresh(index)
@@ -361,10 +367,9 @@ class _Rounds:
             reason = stop_reason(p, p.rounds_floor, number, len(active), time.monotonic() - self.began, durations)
             if reason:
                 return reason
-            order = [0, *active] if number % 2 == 0 else [*reversed(active), 0]
             round_began = time.monotonic()
             try:
-                blocks = measure(order, number)
+                blocks = measure(round_order([0, *active], number))
             except _RoundFailed as exc:
                 return f"stopped: {exc}"
             durations.append(time.monotonic() - round_began)

@@ -44,17 +44,15 @@ class PairedSession:
     ) -> None:
         from workbench.measure.child import ChildProcess
 
-        self.configs = configs
         self.timeout_s = timeout_s
         self.cancel = cancel
         options = {"warmup": warmup, "device": device, "preset": preset}
         self.child = ChildProcess(_serve, pack_workload(workload), [c.to_dict() for c in configs], options)
         try:
-            reply = self._receive(startup=True)
+            self._receive(startup=True)  # "ready": every configuration is built and warm
         except BaseException:
             self.close()
             raise
-        self.warmup_ms: list[list[float]] = reply[1]
 
     def run_round(self, order: list[int], steps: int) -> dict[int, list[float]]:
         """Time `steps` steps of each configuration in `order`, one block after another."""
@@ -111,7 +109,7 @@ def _serve(
     except BaseException as exc:  # an OOM with several models resident, a user error: the parent decides
         replies.send(("failed", f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"))
         return
-    replies.send(("ready", [warm for _, _, _, warm in steps]))
+    replies.send(("ready",))
     while True:
         try:
             command = requests.recv()
@@ -122,7 +120,7 @@ def _serve(
         _, order, count = command
         try:
             for index in order:
-                train_step, batches, config, _ = steps[index]
+                train_step, batches, config = steps[index]
                 replies.send(("block", index, _time_block(train_step, batches, config, count)))
         except BaseException as exc:
             replies.send(("failed", f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"))
@@ -145,13 +143,10 @@ def _build_all(workload: Workload | str, configs: list[TrainConfig], options: di
         )
         train_step = build(wl, config, dev)
         batches = wl.batches(config)
-        warm = []
-        for _ in range(options["warmup"]):
-            begin = time.perf_counter()
+        for _ in range(options["warmup"]):  # compile/capture happen here, untimed (the fresh trial timed them)
             one_step(train_step, batches, config, clock=None)
-            synchronize(dev)
-            warm.append((time.perf_counter() - begin) * 1000.0)
-        built.append((train_step, batches, config, warm))
+        synchronize(dev)
+        built.append((train_step, batches, config))
     return built
 
 
