@@ -20,8 +20,8 @@ import time
 
 from workbench.api import run_comparison
 from workbench.config import TrainConfig
-from workbench.measure import run_trial
 from workbench.protocol import Protocol
+from workbench.trials import run_trial
 
 WORKLOAD = "bev-perception"
 

@@ -16,7 +16,7 @@ import torch
 
 from workbench.config import TrainConfig
 from workbench.estimate import estimate_memory
-from workbench.measure import run_trial
+from workbench.trials import run_trial
 from workbench.workloads import builtin_workloads
 
 

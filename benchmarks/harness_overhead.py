@@ -17,7 +17,7 @@ import time
 import torch
 
 from workbench.config import TrainConfig
-from workbench.measure import run_trial
+from workbench.trials import run_trial
 from workbench.workloads import load_workload
 
 

@@ -15,8 +15,8 @@ import time
 from typing import Any
 
 from workbench.config import TrainConfig
-from workbench.measure import run_trial
 from workbench.measure.monitor import DeviceMonitor
+from workbench.trials import run_trial
 
 
 def trial_ms(workload: str, steps: int, warmup: int) -> list[float]:

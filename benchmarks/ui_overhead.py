@@ -20,7 +20,7 @@ import tempfile
 import warnings
 
 from workbench.config import TrainConfig
-from workbench.measure import run_trial
+from workbench.trials import run_trial
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ from torch import nn
 from workbench.analysis.compare import compare_trials, summarize
 from workbench.config import TrainConfig
 from workbench.measure import TrialResult
-from workbench.measure import run_trial as _run_trial
+from workbench.trials import run_trial as _run_trial
 from workbench.workloads import Workload
 
 # These tests check the trial logic itself, in-process; tests/test_isolation.py covers the worker.

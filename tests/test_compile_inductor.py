@@ -10,7 +10,7 @@ import pytest
 
 from workbench.analysis.compare import compare_trials
 from workbench.config import TrainConfig
-from workbench.measure import run_trial
+from workbench.trials import run_trial
 
 
 @pytest.mark.slow

@@ -19,9 +19,10 @@ from workbench.analysis.diagnose import Diagnosis, diagnose
 from workbench.analysis.flops import FlopCount
 from workbench.config import ConfigError, TrainConfig
 from workbench.device import check_config
-from workbench.measure import TrialResult, run_trial
+from workbench.measure import TrialResult
 from workbench.measure.profile import ProfileOptions
 from workbench.peak_specs import lookup_spec
+from workbench.trials import run_trial
 from workbench.workloads import Workload
 
 PROFILE = ProfileOptions(wait=0, warmup=1, active=2)

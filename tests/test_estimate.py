@@ -17,7 +17,7 @@ from workbench.estimate import (
     estimate_memory,
     max_batch_size,
 )
-from workbench.measure import run_trial
+from workbench.trials import run_trial
 from workbench.workloads import Workload, builtin_workloads
 
 

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from workbench.config import ConfigError, TrainConfig
-from workbench.measure import StepMeasured, TrialFinished, TrialStarted, run_trial
+from workbench.measure import StepMeasured, TrialFinished, TrialStarted
+from workbench.trials import run_trial
 from workbench.workloads import Workload, WorkloadError
 
 
@@ -111,6 +112,13 @@ def test_memory_limit_turns_an_allocation_into_oom() -> None:
     assert "memory" in result.message
 
 
+def test_worker_start_up_does_not_count_against_the_timeout() -> None:
+    """Spawning and `import torch` take seconds; a 1 s silence limit still lets a healthy, fast trial
+    finish, because the limit counts from the trial's start (start-up gets its own grace)."""
+    result = run_trial(workload("ok", good_calls=100), steps=3, warmup=1, timeout_s=1)
+    assert result.ok, result.message
+
+
 def test_a_hang_is_killed_after_timeout() -> None:
     begin = time.monotonic()
     # The clock restarts at every event, so a slow worker start-up on a busy machine is not a hang.
@@ -176,7 +184,7 @@ def test_a_model_class_defined_in_main_travels_by_value(tmp_path: Path) -> None:
         textwrap.dedent("""
         import torch
         from torch import nn
-        from workbench.measure import run_trial
+        from workbench.trials import run_trial
         from workbench.workloads import Workload
 
         class CellDefinedNet(nn.Module):
@@ -214,7 +222,7 @@ def test_a_script_without_a_main_guard_runs_trials_and_only_once(tmp_path: Path)
         from pathlib import Path
         from workbench.api import Protocol, run_comparison
         from workbench.config import TrainConfig
-        from workbench.measure import run_trial
+        from workbench.trials import run_trial
 
         with open({str(counter)!r}, "a") as f:
             f.write("ran\\n")
@@ -239,7 +247,8 @@ def test_an_orphaned_worker_ends_when_its_parent_dies(tmp_path: Path) -> None:
     script.write_text(
         textwrap.dedent("""
         import os, sys, threading, time
-        from workbench.measure import run_trial, TrialStarted
+        from workbench.measure import TrialStarted
+        from workbench.trials import run_trial
 
         def on_event(event):
             if isinstance(event, TrialStarted):

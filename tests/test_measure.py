@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 import threading
 import time
 
@@ -13,7 +15,7 @@ from torch import nn
 
 from workbench.config import ConfigError, TrainConfig
 from workbench.measure import StepMeasured, TrialFinished, TrialResult, TrialStarted
-from workbench.measure import run_trial as _run_trial
+from workbench.trials import run_trial as _run_trial
 from workbench.workloads import Workload, WorkloadError
 
 # These tests check the trial logic itself, in-process; tests/test_isolation.py covers the worker.
@@ -150,6 +152,21 @@ def test_bad_window_and_workload_fail_before_anything_runs() -> None:
         run_trial("bev")
     with pytest.raises(WorkloadError, match="unknown preset"):
         run_trial("bev-perception", preset="huge")
+    with pytest.raises(ConfigError, match=r"unknown trial option\(s\) step;.*steps"):
+        run_trial(sleeper_workload(sleep_s=0.0), step=5)  # a typo is named, never silently ignored
+    with pytest.raises(ConfigError, match="need isolation='process'"):
+        run_trial(sleeper_workload(sleep_s=0.0), isolation="inline", timeout_s=5)
+
+
+def test_measure_never_imports_the_distributed_launcher() -> None:
+    """`measure` sits below `distributed` (which imports it): a trial in a worker or inline must
+    not pull the torchrun side in, and the dispatcher above both (`workbench.trials`) picks."""
+    code = (
+        "import sys, workbench.measure.trial, workbench.measure.worker, workbench.measure.session, "
+        "workbench.measure.window; print(sorted(m for m in sys.modules if m.startswith('workbench.distributed')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_cpu_peak_memory_splits_into_categories_that_match_the_model() -> None:

@@ -10,7 +10,7 @@ import pytest
 from workbench.analysis.numerics import EARLY_RTOL, TREND_RTOL, check_numerics, early_tolerance, relative_deviation
 from workbench.config import TrainConfig
 from workbench.measure import TrialResult
-from workbench.measure import run_trial as _run_trial
+from workbench.trials import run_trial as _run_trial
 
 run_trial = functools.partial(_run_trial, isolation="inline", track_memory=False)
 

@@ -15,9 +15,10 @@ import torch
 from torch import nn
 
 from workbench.config import ConfigError, TrainConfig
-from workbench.measure import StepMeasured, TrialResult, run_trial
+from workbench.measure import StepMeasured, TrialResult
 from workbench.measure.profile import ProfileOptions, _PhaseRanges, _write_trace
 from workbench.measure.syncscan import scan_syncs
+from workbench.trials import run_trial
 from workbench.workloads import Workload
 
 BATCH, IN, HIDDEN = 8, 32, 64

@@ -373,8 +373,8 @@ def test_messages_are_html_escaped(make_app) -> None:
 def test_diagnosis_and_history_tabs_are_wired_into_the_app() -> None:
     """A stored trial becomes the baseline from the History tab; a finished trial is diagnosed."""
     from workbench.config import TrainConfig
-    from workbench.measure import run_trial
     from workbench.store import Store
+    from workbench.trials import run_trial
     from workbench.ui import Workbench
 
     stored = run_trial("bev-perception", TrainConfig(), steps=2, warmup=1, isolation="inline", track_memory=False)

@@ -11,9 +11,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from workbench.config import ConfigError, TrainConfig
-from workbench.measure import TrialResult, run_trial
+from workbench.measure import EventSink, TrialRequest, TrialResult
 from workbench.protocol import ComparisonRun, Protocol, run_protocol
 from workbench.store import DEFAULT_STORE, StoreArg, opened_store
+from workbench.trials import run_request
 from workbench.workloads import Workload
 
 __all__ = ["ComparisonRun", "Protocol", "TrialHandle", "run_and_store", "run_comparison", "run_trials",
@@ -35,6 +36,8 @@ def run_trials(
     kind: str = "run",
     run_label: str = "",
     store: StoreArg = DEFAULT_STORE,
+    on_event: EventSink | None = None,
+    cancel: threading.Event | None = None,
     **trial_options: Any,
 ) -> list[list[TrialResult]]:
     """`run_trial` for each config, interleaved `repeats` times; runs[i] holds config i's repeats.
@@ -46,12 +49,13 @@ def run_trials(
     """
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ConfigError(f"repeats must be an integer >= 1, got {repeats!r}")
+    request = TrialRequest.of(workload, **trial_options)  # bad options fail here, before any trial
     runs: list[list[TrialResult]] = [[] for _ in configs]
     with opened_store(store) as history:
         recorder = history.recorder(kind, label=run_label) if history is not None else None
         for _ in range(repeats):
             for index, config in enumerate(configs):
-                result = run_trial(workload, config, **trial_options)
+                result = run_request(request.with_config(config), on_event, cancel)
                 if recorder is not None:
                     recorder.save(result, label=labels[index] if index < len(labels) else "")
                 runs[index].append(result)

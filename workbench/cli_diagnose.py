@@ -45,9 +45,9 @@ def add_commands(
 
 def _cmd_diagnose(args: argparse.Namespace, make_config: Callable[[Sequence[str]], TrainConfig]) -> int:
     from workbench.analysis.diagnose import diagnose_trial
-    from workbench.measure import run_trial
     from workbench.measure.profile import ProfileOptions
     from workbench.progress import ProgressLine
+    from workbench.trials import run_trial
 
     config = make_config(args.overrides)
     options = ProfileOptions(trace_dir=args.trace_dir)

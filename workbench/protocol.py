@@ -8,7 +8,8 @@
    imprecise, in an order that alternates round by round (B C1 C2, C2 C1 B, …), so an order
    effect cancels and rounds go where the interval is widest.
    - `paired` design (the default where honest): one worker holds every configuration;
-     a unit is a block of steps. Whatever moves a whole process moves both sides of a ratio.
+     a unit is a block of steps (about `block_s` seconds of them, at most `block_steps`). Whatever
+     moves a whole process moves both sides of a ratio.
    - `processes` design: a unit is a fresh worker's trial. Needed for distributed trials
      (torchrun) and DataLoader workers (idle configurations' loader processes would load
      the CPU while another is timed); slower to converge, since every unit carries its
@@ -19,6 +20,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -29,9 +31,10 @@ from workbench.analysis.compare import Comparison, UnitLog, compare_units, summa
 from workbench.analysis.intervals import MIN_UNITS, min_paired_rounds
 from workbench.analysis.numerics import check_numerics
 from workbench.config import ConfigError, TrainConfig
-from workbench.measure import EventSink, RoundMeasured, TrialResult, run_trial
+from workbench.measure import EventSink, RoundMeasured, TrialRequest, TrialResult
 from workbench.measure.hostload import HostLoad
 from workbench.store import DEFAULT_STORE, StoreArg, opened_store
+from workbench.trials import run_request
 from workbench.workloads import Workload
 
 Design = Literal["auto", "paired", "processes"]
@@ -56,7 +59,10 @@ class Protocol:
     design: Design = "auto"
     """'paired' where honest (else 'processes'), or forced."""
     block_steps: int = 5
-    """Timed steps per unit in the paired design (after one untimed switch step)."""
+    """Most timed steps per unit in the paired design (after one untimed switch step)."""
+    block_s: float = 1.0
+    """Target timed seconds per unit in the paired design: a configuration whose step is slow gets
+    fewer steps (at least one), so one slow candidate does not make every round long."""
     min_rounds: int = 6
     """Rounds always measured (raised to what `confidence` needs: 6 at 95%, 8 at 99%)."""
     max_rounds: int = 200
@@ -76,11 +82,24 @@ class Protocol:
             raise ConfigError(f"design must be 'auto', 'paired' or 'processes', got {self.design!r}")
         if isinstance(self.block_steps, bool) or not isinstance(self.block_steps, int) or self.block_steps < 1:
             raise ConfigError(f"block_steps must be an integer >= 1, got {self.block_steps!r}")
+        if not self.block_s > 0:
+            raise ConfigError(f"block_s must be a positive number of seconds, got {self.block_s!r}")
         if not 1 <= self.min_rounds <= self.max_rounds:
             raise ConfigError(
                 f"rounds must satisfy 1 <= min_rounds <= max_rounds, got min_rounds={self.min_rounds}, "
                 f"max_rounds={self.max_rounds}"
             )
+
+    def block_for(self, step_ms: float | None) -> tuple[int, bool]:
+        """(timed steps, untimed switch step first?) of a paired unit, for a step of `step_ms`.
+
+        `block_steps` steps, fewer when fewer already take `block_s`. A switch step absorbs the
+        cold caches a block meets after another model ran; a step that alone exceeds `block_s`
+        skips it: those costs are fixed (milliseconds at most) and vanish against such a step."""
+        if not step_ms:
+            return self.block_steps, True
+        steps = max(1, min(self.block_steps, math.ceil(self.block_s * 1000.0 / step_ms)))
+        return steps, step_ms <= self.block_s * 1000.0
 
     @property
     def rounds_floor(self) -> int:
@@ -185,15 +204,15 @@ def run_protocol(
         raise ConfigError(f"design='paired' is not honest here: {refusal}; use design='processes' or 'auto'")
     design = "processes" if protocol.design == "processes" or refusal is not None else "paired"
     emit = on_event or (lambda event: None)
-    window = dict(warmup=warmup, steps=steps, device=device, preset=preset, on_event=on_event, cancel=cancel,
-                  **trial_options)  # fmt: skip
+    request = TrialRequest.of(workload, baseline, warmup=warmup, steps=steps, device=device, preset=preset,
+                              **trial_options)  # fmt: skip
     began = time.monotonic()
     load = HostLoad().start()
     with opened_store(store) as history:
         recorder = history.recorder(kind, label=run_label) if history is not None else None
 
         def fresh(index: int) -> TrialResult:
-            result = run_trial(workload, configs[index], **window)
+            result = run_request(request.with_config(configs[index]), on_event, cancel)
             if recorder is not None:
                 recorder.save(result, label=names[index])
             return result
@@ -202,14 +221,15 @@ def run_protocol(
         for index in range(len(configs)):
             if not runs[index]:
                 runs[index].append(fresh(index))
-        rounds = _Rounds(workload, configs, runs, protocol, design, began, emit, cancel, window, fresh)
+        rounds = _Rounds(request, configs, runs, protocol, design, began, emit, cancel, fresh)
         log, stop_reason = rounds.run()
         design = rounds.design
         summaries = [summarize(r) for r in runs]
         numerics = [check_numerics(runs[0][0], r[0]) for r in runs[1:]]
         comparison = compare_units(summaries, numerics, log, paired=design == "paired", design=design,
                                    confidence=protocol.confidence, equivalence_margin=protocol.margin,
-                                   precision=protocol.precision, host_other_cores=load.other_cores())  # fmt: skip
+                                   precision=protocol.precision, host_other_cores=load.other_cores(),
+                                   baseline_steps=runs[0][0].step_ms)  # fmt: skip
         comparison.stop_reason = stop_reason
         comparison.elapsed_s = time.monotonic() - began
         if history is not None:
@@ -254,6 +274,7 @@ def run_rounds(
     run_label: str = "",
     store: StoreArg = DEFAULT_STORE,
     cancel: threading.Event | None = None,
+    on_event: EventSink | None = None,
     **window: Any,
 ) -> tuple[list[list[TrialResult]], str]:
     """Fresh trials of each configuration, round after round (order alternating), for callers whose
@@ -262,6 +283,7 @@ def run_rounds(
     `half_widths(runs)` returns each configuration's interval half-width so far (None: not known
     yet; 0.0 where more trials cannot help, e.g. no reference); a configuration leaves the rounds
     once its width is within ±precision. Stops by `stop_reason`; every trial is saved to `store` as it ends."""
+    request = TrialRequest.of(workload, configs[0], **window)
     runs: list[list[TrialResult]] = [[] for _ in configs]
     began = time.monotonic()
     durations: list[float] = []
@@ -278,7 +300,7 @@ def run_rounds(
                 return runs, reason
             round_began = time.monotonic()
             for index in round_order(active, done):
-                result = run_trial(workload, configs[index], cancel=cancel, **window)
+                result = run_request(request.with_config(configs[index]), on_event, cancel)
                 if recorder is not None:
                     recorder.save(result, label=labels[index] if index < len(labels) else "")
                 runs[index].append(result)
@@ -297,12 +319,12 @@ def run_rounds(
 class _Rounds:
     """The adaptive loop: one round at a time, until precise, out of budget or out of rounds."""
 
-    def __init__(self, workload: Any, configs: list[TrainConfig], runs: list[list[TrialResult]],
+    def __init__(self, request: TrialRequest, configs: list[TrainConfig], runs: list[list[TrialResult]],
                  protocol: Protocol, design: str, began: float, emit: EventSink,
-                 cancel: threading.Event | None, window: dict[str, Any], fresh: Any) -> None:  # fmt: skip
-        self.workload, self.configs, self.runs, self.protocol = workload, configs, runs, protocol
+                 cancel: threading.Event | None, fresh: Any) -> None:  # fmt: skip
+        self.request, self.configs, self.runs, self.protocol = request, configs, runs, protocol
         self.design, self.began, self.emit, self.cancel = design, began, emit, cancel
-        self.window, self.fresh = window, fresh
+        self.fresh = fresh
         self.log = UnitLog()
         self.note = ""
 
@@ -323,11 +345,8 @@ class _Rounds:
     def _paired(self, ok: list[int]) -> str | None:
         from workbench.measure.session import PairedSession, SessionFailed
 
-        window = self.window
         try:
-            session = PairedSession(self.workload, [self.configs[i] for i in ok], warmup=window["warmup"],
-                                    device=str(_device(window["device"])), preset=window["preset"],
-                                    timeout_s=window.get("timeout_s"), cancel=self.cancel)  # fmt: skip
+            session = PairedSession(self.request, [self.configs[i] for i in ok], cancel=self.cancel)
         except SessionFailed as exc:
             if self.cancel is not None and self.cancel.is_set():
                 return "cancelled"
@@ -335,9 +354,10 @@ class _Rounds:
             return None
         try:
             local = {config: position for position, config in enumerate(ok)}
+            shapes = {local[i]: self.protocol.block_for(self.runs[i][0].median_step_ms) for i in ok}
 
             def one_round(order: list[int]) -> dict[int, list[float]]:
-                blocks = session.run_round([local[i] for i in order], self.protocol.block_steps)
+                blocks = session.run_round([local[i] for i in order], shapes)
                 return {ok[position]: step_ms for position, step_ms in blocks.items()}
 
             return self._loop(ok, one_round, start=0)
@@ -397,12 +417,6 @@ class _Rounds:
 
 class _RoundFailed(Exception):
     """A unit of a later round failed (the characterizing trial had succeeded)."""
-
-
-def _device(device: Any) -> Any:
-    from workbench.device import resolve_device
-
-    return resolve_device(device)
 
 
 def _attach(history: Any, comparison: Comparison, runs: list[list[TrialResult]]) -> None:

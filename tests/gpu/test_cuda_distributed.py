@@ -11,7 +11,7 @@ import torch
 
 from workbench.analysis.numerics import relative_deviation
 from workbench.config import ConfigError, TrainConfig
-from workbench.measure import run_trial
+from workbench.trials import run_trial
 
 DEVICES = torch.cuda.device_count() if torch.cuda.is_available() else 0
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(DEVICES < 1, reason="needs a CUDA device")]

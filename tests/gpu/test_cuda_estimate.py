@@ -16,8 +16,8 @@ from workbench.analysis.diagnose import diagnose
 from workbench.analysis.flops import FlopCount
 from workbench.config import TrainConfig
 from workbench.estimate import estimate_memory
-from workbench.measure import run_trial
 from workbench.measure.profile import ProfileOptions
+from workbench.trials import run_trial
 from workbench.workloads import Workload
 
 pytestmark = [

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from workbench.config import TrainConfig
-from workbench.measure import run_trial
+from workbench.trials import run_trial
 from workbench.workloads import Workload
 
 pytestmark = [

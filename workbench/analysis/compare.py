@@ -160,11 +160,13 @@ def compare_units(
     equivalence_margin: float = 0.02,
     precision: float | None = None,
     host_other_cores: float | None = None,
+    baseline_steps: Sequence[float] = (),
 ) -> Comparison:
     """The comparison of candidates 1..n with the baseline 0 from their units' medians.
 
     `summaries[i]` carries config i's fresh-trial figures (memory, compile, status),
-    `numerics[i - 1]` candidate i's loss check against the baseline."""
+    `numerics[i - 1]` candidate i's loss check against the baseline. `baseline_steps` (the
+    baseline's fresh trial) gives the step-to-step spread where units are single steps."""
     base = summaries[0]
     rows = []
     for index, (summary, check) in enumerate(zip(summaries[1:], numerics), start=1):
@@ -182,7 +184,7 @@ def compare_units(
         design=design,
         paired=paired,
         precision=precision,
-        noise=_noise(log, rows, host_other_cores),
+        noise=_noise(log, rows, host_other_cores, baseline_steps),
         winner=winner,
         tied=tied,
     )
@@ -308,8 +310,12 @@ def _winner(
     return pick_winner(rows, beats)
 
 
-def _noise(log: UnitLog, rows: list[CandidateComparison], host_other_cores: float | None) -> Noise:
+def _noise(
+    log: UnitLog, rows: list[CandidateComparison], host_other_cores: float | None, baseline_steps: Sequence[float]
+) -> Noise:
     cvs = [cv for steps in log.steps.get(0, []) if (cv := robust_cv(steps)) is not None]
+    if not cvs and (cv := robust_cv(list(baseline_steps))) is not None:  # one-step units: a slow step
+        cvs = [cv]
     sds = [r.between_unit_sd for r in rows if r.between_unit_sd is not None]
     base = list(log.medians.get(0, {}).values())
     drift = float(np.std(np.log(base), ddof=1)) if len(base) >= 2 else None

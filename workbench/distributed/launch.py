@@ -22,28 +22,25 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 from workbench.config import ConfigError, TrainConfig
 from workbench.distributed.channel import RankReader
 from workbench.distributed.command import RANK_MODULE, torchrun_args
-from workbench.measure.events import EventSink, StepMeasured, TrialFinished, TrialStarted
+from workbench.measure.events import EventSink
+from workbench.measure.follow import STARTUP_GRACE_S, EventRelay
+from workbench.measure.request import TrialRequest
 from workbench.measure.result import TrialResult
-from workbench.measure.worker import pack_workload
-from workbench.workloads.base import Workload, WorkloadError
+from workbench.measure.worker import pack_workload, workload_name
+from workbench.workloads.base import Workload
 
 DEFAULT_TIMEOUT_S = 300.0
 """Silence (no rank reports anything) that ends a distributed trial when the caller sets none:
 distributed trials always have a timeout, because a hung rank blocks all the others."""
-STARTUP_GRACE_S = 60.0
-"""Added to the timeout until the first rank reports: torchrun start-up and `import torch` take
-6-30 s on a busy machine, and must not count as a hang."""
 POLL_S = 0.05
 KILL_GRACE_S = 3.0
 LOG_TAIL_CHARS = 3000
-_INPUT_ERRORS: dict[str, type[Exception]] = {"ConfigError": ConfigError, "WorkloadError": WorkloadError}
 _WHERE = {
     "starting": "starting up (imports, process group)",
     "setup": "building the model and its data",
@@ -56,36 +53,35 @@ _WHERE = {
 
 
 def run_distributed_trial(
-    workload: Workload | str,
-    config: TrainConfig,
-    *,
-    warmup: int,
-    steps: int,
-    device: Any = None,
-    preset: str = "tiny",
-    on_event: EventSink | None = None,
-    cancel: threading.Event | None = None,
-    timeout_s: float | None = None,
-    memory_limit_bytes: int | None = None,
+    request: TrialRequest, on_event: EventSink | None = None, cancel: threading.Event | None = None
 ) -> TrialResult:
-    """Run `config` (strategy ddp/fsdp2) as `config.nproc_per_node` ranks on this node."""
+    """Run `request.config` (strategy ddp/fsdp2) as `config.nproc_per_node` ranks on this node."""
     from workbench.device import check_config, resolve_device
 
+    config = request.config
+    if request.isolation != "process":
+        raise ConfigError(
+            f"strategy={config.strategy} always runs in torchrun processes; isolation='inline' is for "
+            "single-process debugging (set strategy=none, or isolation='process')"
+        )
+    if request.profile is not None:
+        raise ConfigError(
+            f"profile is not available with strategy={config.strategy} yet; a distributed trial always "
+            "profiles a short window itself (compute vs communication in result.distributed)"
+        )
     if config.nnodes > 1:
         raise ConfigError(
             f"nnodes={config.nnodes}: a multi-node trial is started on every node by torchrun, not from here; "
             "run the command `workbench export --format command` prints on each node"
         )
-    if timeout_s is not None and not timeout_s > 0:
-        raise ConfigError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
-    timeout = float(timeout_s) if timeout_s is not None else DEFAULT_TIMEOUT_S
-    dev = resolve_device(device)
+    timeout = float(request.timeout_s) if request.timeout_s is not None else DEFAULT_TIMEOUT_S
+    dev = resolve_device(request.device)
     check_config(config, dev)  # refuse bad input before paying for torchrun
-    _check_batch(workload, preset, config)
+    _check_batch(request.workload, request.preset, config)
     directory = Path(tempfile.mkdtemp(prefix="workbench-dist-"))
-    options = {"warmup": warmup, "steps": steps, "preset": preset, "device_type": dev.type}
-    options.update(memory_limit_bytes=memory_limit_bytes, pg_timeout_s=timeout + 60.0)  # the parent's timeout first
-    spec = {"workload": pack_workload(workload), "config": config.to_dict(), "options": options}
+    options = {"warmup": request.warmup, "steps": request.steps, "preset": request.preset, "device_type": dev.type}
+    options.update(memory_limit_bytes=request.memory_limit_bytes, pg_timeout_s=timeout + 60.0)  # parent's first
+    spec = {"workload": pack_workload(request.workload), "config": config.to_dict(), "options": options}
     (directory / "spec.pkl").write_bytes(pickle.dumps(spec))
     command = rank_command(config, directory)
     log = open(directory / "torchrun.log", "wb")  # noqa: SIM115 - closed in finally, after the process
@@ -93,13 +89,14 @@ def run_distributed_trial(
         command, env=rank_environment(config, dev.type), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
     try:
-        follower = _Follower(process, directory, config, _name(workload), on_event, timeout)
+        relay = EventRelay(workload_name(request.workload), config, on_event)
+        follower = _Follower(process, directory, config, relay, timeout)
         result = follower.follow(cancel)
         if follower.finished is not None:
             _wait_quietly(process, KILL_GRACE_S * 3)  # the ranks tear down their group and exit
         if result.distributed is not None:
             result.distributed["command"] = shlex.join(command)
-            result.distributed["launch_s"] = follower.launch_s
+            result.distributed["launch_s"] = relay.started_s
         return result
     finally:
         _stop(process)
@@ -135,50 +132,39 @@ def _check_batch(workload: Workload | str, preset: str, config: TrainConfig) -> 
     local_batch_size(wl.effective_batch_size(config), config.nproc_per_node * config.nnodes)
 
 
-def _name(workload: Workload | str) -> str:
-    return workload if isinstance(workload, str) else workload.name
-
-
 class _Follower:
     """Reads the ranks' reports until the trial finishes, fails, falls silent or is cancelled."""
 
     def __init__(
-        self,
-        process: subprocess.Popen[bytes],
-        directory: Path,
-        config: TrainConfig,
-        name: str,
-        on_event: EventSink | None,
-        timeout: float,
+        self, process: subprocess.Popen[bytes], directory: Path, config: TrainConfig, relay: EventRelay, timeout: float
     ) -> None:
-        self.process, self.directory, self.timeout = process, directory, timeout
+        self.process, self.directory, self.timeout, self.relay = process, directory, timeout, relay
         self.readers = [RankReader(directory, rank) for rank in range(config.nproc_per_node)]
-        self.emit = on_event or (lambda event: None)
-        self.partial = TrialResult(trial_id="", status="ok", workload=name, config=config.to_dict())
         self.positions: dict[int, tuple[int, str]] = {}
         self.errors: list[tuple[float, int, str, str]] = []
-        self.finished: TrialResult | None = None
-        self.started = time.monotonic()
-        self.launch_s: float | None = None
+
+    @property
+    def finished(self) -> TrialResult | None:
+        return self.relay.finished
 
     def follow(self, cancel: threading.Event | None) -> TrialResult:
         last_news = time.monotonic()
         while True:
             if cancel is not None and cancel.is_set():
-                return self._end("cancelled", "cancelled by the caller; torchrun and its ranks were stopped")
+                return self.relay.end("cancelled", "cancelled by the caller; torchrun and its ranks were stopped")
             exited = self.process.poll() is not None  # read *after* this, so nothing written is missed
             if self._read():
                 last_news = time.monotonic()
-            if self.finished is not None:
-                return self.finished
+            if self.relay.finished is not None:
+                return self.relay.finished
             if self.errors:
                 _, rank, kind, text = min(self.errors)  # the first failure; later ones are its echoes
-                return self._end(kind, f"rank {rank} failed: {text}")
+                return self.relay.end(kind, f"rank {rank} failed: {text}")
             if exited:
-                return self._end("error", self._exit_message())
+                return self.relay.end("error", self._exit_message())
             allowed = self.timeout + (0.0 if self.positions else STARTUP_GRACE_S)
             if time.monotonic() - last_news > allowed:
-                return self._end("timeout", self._silence_message())
+                return self.relay.end("timeout", self._silence_message())
             time.sleep(POLL_S)
 
     def _read(self) -> bool:
@@ -190,37 +176,12 @@ class _Follower:
         return news
 
     def _handle(self, rank: int, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == "event":
-            event = message[1]
-            self._observe(event)
-            self.emit(event)
-            if isinstance(event, TrialFinished):
-                self.finished = event.result
-        elif kind == "progress":
+        if self.relay.handle(message):
+            return
+        if message[0] == "progress":
             self.positions[rank] = (int(message[1]), str(message[2]))
-        elif kind == "input_error":
-            raise _INPUT_ERRORS.get(message[1], ConfigError)(message[2])
-        elif kind == "error":
+        elif message[0] == "error":
             self.errors.append((float(message[3]), rank, str(message[1]), str(message[2])))
-
-    def _observe(self, event: Any) -> None:
-        r = self.partial
-        if isinstance(event, TrialStarted):
-            r.trial_id, r.warmup, r.steps = event.trial_id, event.warmup, event.steps
-            self.launch_s = time.monotonic() - self.started
-        elif isinstance(event, StepMeasured):
-            (r.step_ms if event.timed else r.warmup_step_ms).append(event.step_ms)
-            if event.loss is not None:
-                r.losses.append(event.loss)
-
-    def _end(self, status: str, message: str) -> TrialResult:
-        r = self.partial
-        r.status, r.message = status, message  # type: ignore[assignment]
-        r.trial_id = r.trial_id or uuid.uuid4().hex[:12]
-        r.wall_time_s = time.monotonic() - self.started
-        self.emit(TrialFinished(r.trial_id, r))
-        return r
 
     def _silence_message(self) -> str:
         if not self.positions:

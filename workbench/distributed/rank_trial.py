@@ -1,16 +1,15 @@
 """The rank side of a distributed trial: every rank trains its shard; rank 0 reports for all.
 
-The window follows the single-process rules (`measure/timing.py`): synchronized warm-up steps
-timed by the host, then a timed window clocked per device without a host sync per step.
-What is added: the loss is averaged over ranks after each step's clock stops (so the result
-is the global batch's loss, and the collective never enters a step time); every rank's step
-times are gathered at the end, so a straggler shows; then a short profiled window measures
-compute vs communication, and a small all-reduce benchmark the bandwidth actually reached.
+The window is the single-process one (`measure.window.run_window`). What a rank adds: the
+loss is averaged over ranks after each step's clock stops (so the result is the global
+batch's loss, and the collective never enters a step time); each phase boundary reports the
+rank's position (so a hang is pinned on a rank); every rank's step times and peak memory are
+gathered at the end, so a straggler shows; then a short profiled window measures compute vs
+communication, and a small all-reduce benchmark the bandwidth actually reached.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import time
@@ -26,10 +25,10 @@ from workbench.config import TrainConfig
 from workbench.distributed.overlap import comm_profile, intervals_from_events
 from workbench.distributed.sharding import shard_workload
 from workbench.distributed.stats import summarize_ranks
-from workbench.measure.events import EventSink, StepMeasured, TrialFinished, TrialStarted
-from workbench.measure.memory import read_cuda_peak, reset_cuda_peak
+from workbench.measure.events import EventSink, TrialFinished, TrialStarted
 from workbench.measure.result import TrialResult
-from workbench.measure.timing import make_clock, synchronize
+from workbench.measure.timing import synchronize
+from workbench.measure.window import LossLog, run_window
 from workbench.optimizations.build import TrainStep, build
 from workbench.workloads import Workload, load_workload
 
@@ -101,15 +100,15 @@ def run_rank_trial(
     started = time.perf_counter()
     train_step = build(local_wl, local_config, ctx.device)
     result.applied = [{"toggle": a.toggle, "value": a.value, "detail": a.detail} for a in train_step.applied]
-    window = _Window(train_step, local_wl.batches(local_config), ctx, result, emit, progress)
-    window.run()
+    batches = local_wl.batches(local_config)
+    losses = LossLog(ctx.device, warmup, steps, reduce=lambda loss: _world_mean(loss, ctx))
+    run_window(train_step, batches, result, emit, losses, on_phase=progress)  # reads the CUDA peak at its end
     local: dict[str, Any] = {"rank": ctx.rank, "host": socket.gethostname(), "step_ms": list(result.step_ms)}
     local["warmup_step_ms"] = list(result.warmup_step_ms)
+    local["peak_memory_bytes"] = result.peak_memory_bytes
     if result.status == "ok":
-        local["profile"] = window.profile(PROFILE_STEPS).to_dict()
+        local["profile"] = profile_comm(train_step, batches, ctx, result.warmup + result.steps, progress).to_dict()
         local["allreduce"] = measure_allreduce(_gradient_bytes(train_step), ctx)
-    if ctx.device.type == "cuda":
-        local["peak_memory_bytes"] = read_cuda_peak(ctx.device).peak_bytes
     gathered: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(gathered, local)
     result.rank_step_ms = [list(item["step_ms"]) for item in gathered]
@@ -120,108 +119,31 @@ def run_rank_trial(
     return result
 
 
-class _Window:
-    """Warm-up and timed window on one rank; rank 0 emits the events."""
+def _world_mean(loss: torch.Tensor, ctx: RankContext) -> torch.Tensor:
+    """The global batch's loss: the mean of every rank's (the loss the ranks stop on together)."""
+    total = loss.clone()
+    dist.all_reduce(total)
+    return total / ctx.world_size
 
-    def __init__(
-        self,
-        step: TrainStep,
-        batches: Any,
-        ctx: RankContext,
-        result: TrialResult,
-        emit: EventSink,
-        progress: Progress,
-    ) -> None:
-        self.step, self.batches, self.ctx, self.result = step, batches, ctx, result
-        self.emit, self.progress = emit, progress
-        self.losses: list[torch.Tensor] = []
 
-    def run(self) -> None:
-        result, dev = self.result, self.ctx.device
-        for index in range(result.warmup):
-            begin = time.perf_counter()
-            self._one(index, None)
-            synchronize(dev)
-            elapsed_ms = (time.perf_counter() - begin) * 1000.0
-            result.warmup_step_ms.append(elapsed_ms)
-            value = float(self.losses[index])
-            self.emit(StepMeasured(result.trial_id, index, False, elapsed_ms, value))
-            if not math.isfinite(value):  # the loss is averaged: every rank stops at the same step
-                return self._diverged(index)
-        result.time_to_first_step_s = result.warmup_step_ms[0] / 1000.0
-        if dev.type == "cuda":
-            reset_cuda_peak(dev)
-        clock = make_clock(dev)
-        for offset in range(result.steps):
-            index = result.warmup + offset
-            self._one(index, clock)
-            for timing in clock.poll():
-                self._record(timing)
-            if dev.type == "cpu" and not math.isfinite(float(self.losses[index])):
-                break
-        for timing in clock.finish():
-            self._record(timing)
-        result.losses = [float(x) for x in self.losses]
-        bad = next((i for i, x in enumerate(result.losses) if not math.isfinite(x)), None)
-        if bad is not None:
-            return self._diverged(bad)
-        one_time = self.step.config.compile != "off"
-        median = result.median_step_ms or 0.0
-        result.compile_time_s = max(0.0, result.warmup_step_ms[0] - median) / 1000.0 if one_time else 0.0
+def profile_comm(step: TrainStep, batches: Any, ctx: RankContext, first_index: int, progress: Progress) -> Any:
+    """Compute vs communication over `PROFILE_STEPS` extra steps under torch.profiler (all ranks)."""
+    from torch.profiler import ProfilerActivity, profile
 
-    def _one(self, index: int, clock: Any) -> None:
-        def mark(label: str) -> None:
-            if clock is not None:
-                clock.mark(label)
-            self.progress(index, label)
-
-        self.progress(index, "data")
-        if clock is not None:
-            clock.begin_step()
-        micro = [self.step.prepare_batch(next(self.batches)) for _ in range(self.step.config.grad_accumulation)]
-        if clock is not None:
-            clock.mark("data")
-        loss = self.step(micro, mark)
-        if clock is not None:
-            clock.end_step()
-        # After the clock stopped: the global batch's loss is the mean of the ranks' losses.
-        total = loss.detach().float().clone()
-        dist.all_reduce(total)
-        self.losses.append(total / self.ctx.world_size)
-
-    def _record(self, timing: Any) -> None:
-        result = self.result
-        index = result.warmup + len(result.step_ms)
-        result.step_ms.append(timing.step_ms)
-        for name, value in timing.phase_ms.items():
-            result.phase_ms.setdefault(name, []).append(value)
-        loss = float(self.losses[index]) if self.ctx.device.type == "cpu" else None  # no host sync on CUDA
-        self.emit(StepMeasured(result.trial_id, index, True, timing.step_ms, loss, dict(timing.phase_ms)))
-
-    def _diverged(self, step: int) -> None:
-        result = self.result
-        result.losses = [float(x) for x in self.losses]
-        result.status, result.diverged_step = "diverged", step
-        result.message = f"loss became {result.losses[step]} at step {step}; lower lr, or use bf16 instead of fp16"
-
-    def profile(self, steps: int) -> Any:
-        """Compute vs communication over `steps` extra steps under torch.profiler (all ranks)."""
-        from torch.profiler import ProfilerActivity, profile
-
-        dev = self.ctx.device
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    dev = ctx.device
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    synchronize(dev)
+    dist.barrier()
+    begin = time.perf_counter()
+    with profile(activities=activities) as prof:
+        for index in range(PROFILE_STEPS):
+            micro = [step.prepare_batch(next(batches)) for _ in range(step.config.grad_accumulation)]
+            step(micro)
+            progress(first_index + index, "profile")
         synchronize(dev)
-        dist.barrier()
-        begin = time.perf_counter()
-        with profile(activities=activities) as prof:
-            for index in range(steps):
-                micro = [self.step.prepare_batch(next(self.batches)) for _ in range(self.step.config.grad_accumulation)]
-                self.step(micro)
-                self.progress(self.result.warmup + self.result.steps + index, "profile")
-            synchronize(dev)
-        window_ms = (time.perf_counter() - begin) * 1000.0
-        compute, comm = intervals_from_events(prof.events(), dev.type)
-        return comm_profile(compute, comm, window_ms, steps)
+    window_ms = (time.perf_counter() - begin) * 1000.0
+    compute, comm = intervals_from_events(prof.events(), dev.type)
+    return comm_profile(compute, comm, window_ms, PROFILE_STEPS)
 
 
 def measure_allreduce(nbytes: int, ctx: RankContext) -> dict[str, float]:
@@ -263,7 +185,7 @@ def _record_memory(result: TrialResult, gathered: list[Any], ctx: RankContext) -
     if ctx.device.type == "cuda":
         peaks = [item.get("peak_memory_bytes") or 0 for item in gathered]
         result.peak_memory_bytes = max(peaks)
-        result.memory_method = "CUDA caching allocator: max_memory_allocated over the timed window, largest rank"
+        result.memory_method = f"{result.memory_method}; largest rank (read right after the timed window)"
     else:
         result.memory_method = (
             "not measured: the CPU tensor tracker runs one extra step in one process, "

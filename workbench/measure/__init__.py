@@ -1,4 +1,4 @@
-"""Measured training windows: `run_trial`, its events and its result."""
+"""Measured training windows: the request, the events, the result (`workbench.trials.run_trial` runs one)."""
 
 from workbench.measure.events import (
     Event,
@@ -9,8 +9,8 @@ from workbench.measure.events import (
     TrialStarted,
     event_to_dict,
 )
+from workbench.measure.request import TrialRequest
 from workbench.measure.result import STATUSES, TrialResult
-from workbench.measure.trial import run_trial
 
 __all__ = [
     "STATUSES",
@@ -19,8 +19,8 @@ __all__ = [
     "RoundMeasured",
     "StepMeasured",
     "TrialFinished",
+    "TrialRequest",
     "TrialResult",
     "TrialStarted",
     "event_to_dict",
-    "run_trial",
 ]

@@ -4,8 +4,9 @@ Why: on a shared host a whole process runs ±10–20% fast or slow, so one proce
 needs dozens of processes before a ±3% interval. Built in one worker, the baseline and the
 candidates see the same process state; blocks of steps alternate between them (the caller
 chooses the order of each round), and the ratio of two blocks measured back to back
-cancels whatever moves the process. Each block starts with one untimed step, so the switch
-from another model (cold caches) never enters a step time. Memory and compile figures do
+cancels whatever moves the process. A block starts with one untimed step, so the switch
+from another model (cold caches) never enters a step time — except where one step alone is
+long enough that those fixed costs vanish against it (the caller decides, per configuration). Memory and compile figures do
 *not* come from here — they need a fresh process — only step times.
 
 The worker serves commands from the parent ("round", order, steps) and answers one
@@ -20,6 +21,8 @@ import traceback
 from typing import Any
 
 from workbench.config import ConfigError, TrainConfig
+from workbench.measure.follow import raise_input_error
+from workbench.measure.request import TrialRequest
 from workbench.measure.worker import POLL_S, pack_workload, unpack_workload
 from workbench.workloads.base import Workload, WorkloadError
 
@@ -32,31 +35,26 @@ class PairedSession:
     """Parent side: start the worker, warm every configuration, then run rounds on demand."""
 
     def __init__(
-        self,
-        workload: Workload | str,
-        configs: list[TrainConfig],
-        *,
-        warmup: int,
-        device: str,
-        preset: str,
-        timeout_s: float | None = None,
-        cancel: threading.Event | None = None,
+        self, request: TrialRequest, configs: list[TrainConfig], cancel: threading.Event | None = None
     ) -> None:
+        """`request`: the comparison's window (workload, warm-up, device, preset, timeout); its
+        config is not used, `configs` are the ones built side by side."""
         from workbench.measure.child import ChildProcess
 
-        self.timeout_s = timeout_s
+        self.timeout_s = request.timeout_s
         self.cancel = cancel
-        options = {"warmup": warmup, "device": device, "preset": preset}
-        self.child = ChildProcess(_serve, pack_workload(workload), [c.to_dict() for c in configs], options)
+        options = {key: value for key, value in request.for_worker().items() if key in ("warmup", "device", "preset")}
+        self.child = ChildProcess(_serve, pack_workload(request.workload), [c.to_dict() for c in configs], options)
         try:
             self._receive(startup=True)  # "ready": every configuration is built and warm
         except BaseException:
             self.close()
             raise
 
-    def run_round(self, order: list[int], steps: int) -> dict[int, list[float]]:
-        """Time `steps` steps of each configuration in `order`, one block after another."""
-        self.child.outbox.send(("round", list(order), steps))
+    def run_round(self, order: list[int], shapes: dict[int, tuple[int, bool]]) -> dict[int, list[float]]:
+        """Time a block of each configuration in `order`, one after another; `shapes[i]` is
+        (timed steps, untimed switch step first?) of configuration i's block."""
+        self.child.outbox.send(("round", list(order), {i: shapes[i] for i in order}))
         blocks: dict[int, list[float]] = {}
         while len(blocks) < len(order):
             _, index, step_ms = self._receive()
@@ -90,7 +88,7 @@ class PairedSession:
             if message[0] in ("ready", "block"):
                 return message
             if message[0] == "input_error":
-                raise (WorkloadError if message[1] == "WorkloadError" else ConfigError)(message[2])
+                raise_input_error(message[1], message[2])
             raise SessionFailed(str(message[-1]))
 
 
@@ -117,11 +115,12 @@ def _serve(
             return
         if command[0] != "round":
             return
-        _, order, count = command
+        _, order, shapes = command
         try:
             for index in order:
-                train_step, batches, config = steps[index]
-                replies.send(("block", index, _time_block(train_step, batches, config, count)))
+                train_step, batches, _ = steps[index]
+                count, switch = shapes[index]
+                replies.send(("block", index, _time_block(train_step, batches, count, switch)))
         except BaseException as exc:
             replies.send(("failed", f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"))
             return
@@ -130,11 +129,15 @@ def _serve(
 def _build_all(workload: Workload | str, configs: list[TrainConfig], options: dict[str, Any]) -> list[Any]:
     from workbench.device import check_config, resolve_device
     from workbench.measure.timing import synchronize
-    from workbench.measure.trial import one_step
+    from workbench.measure.window import one_step
     from workbench.optimizations.build import build
     from workbench.workloads import load_workload
 
     dev = resolve_device(options["device"])
+    if dev.type == "cuda":
+        import torch
+
+        torch.cuda.set_device(dev)  # capture streams and synchronize() act on the current device
     built = []
     for config in configs:
         check_config(config, dev)
@@ -144,20 +147,21 @@ def _build_all(workload: Workload | str, configs: list[TrainConfig], options: di
         train_step = build(wl, config, dev)
         batches = wl.batches(config)
         for _ in range(options["warmup"]):  # compile/capture happen here, untimed (the fresh trial timed them)
-            one_step(train_step, batches, config, clock=None)
+            one_step(train_step, batches)
         synchronize(dev)
         built.append((train_step, batches, config))
     return built
 
 
-def _time_block(train_step: Any, batches: Any, config: TrainConfig, count: int) -> list[float]:
-    """One untimed step (the switch from another model), then `count` steps on the device's clock."""
+def _time_block(train_step: Any, batches: Any, count: int, switch: bool) -> list[float]:
+    """One untimed step (the switch from another model) if asked, then `count` steps on the device's clock."""
     from workbench.measure.timing import make_clock, synchronize
-    from workbench.measure.trial import one_step
+    from workbench.measure.window import one_step
 
-    one_step(train_step, batches, config, clock=None)
+    if switch:
+        one_step(train_step, batches)
     synchronize(train_step.device)
     clock = make_clock(train_step.device)
     for _ in range(count):
-        one_step(train_step, batches, config, clock=clock)
+        one_step(train_step, batches, clock=clock)
     return [timing.step_ms for timing in clock.finish()]

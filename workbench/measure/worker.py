@@ -17,50 +17,32 @@ import traceback
 from typing import Any
 
 from workbench.config import ConfigError, TrainConfig
-from workbench.measure.events import EventSink, StepMeasured, TrialFinished, TrialStarted
+from workbench.measure.events import EventSink
+from workbench.measure.follow import STARTUP_GRACE_S, EventRelay
+from workbench.measure.profile import ProfileOptions
+from workbench.measure.request import TrialRequest
 from workbench.measure.result import TrialResult
 from workbench.workloads.base import Workload, WorkloadError
 
 #: How often the parent looks at the pipe, the cancel flag and the clock.
 POLL_S = 0.05
-_INPUT_ERRORS = {"ConfigError": ConfigError, "WorkloadError": WorkloadError}
 
 
 def run_in_worker(
-    workload: Workload | str,
-    config: TrainConfig,
-    *,
-    warmup: int,
-    steps: int,
-    device: Any,
-    preset: str,
-    on_event: EventSink | None,
-    track_memory: bool,
-    cancel: threading.Event | None,
-    timeout_s: float | None,
-    memory_limit_bytes: int | None,
-    profile: Any = None,
+    request: TrialRequest, on_event: EventSink | None = None, cancel: threading.Event | None = None
 ) -> TrialResult:
-    """`run_trial(isolation='process')`: the parent side."""
+    """A trial in a fresh worker process: the parent side."""
     from workbench.device import check_config, resolve_device
-
-    if timeout_s is not None and not timeout_s > 0:
-        raise ConfigError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
-    if memory_limit_bytes is not None and (not isinstance(memory_limit_bytes, int) or memory_limit_bytes <= 0):
-        raise ConfigError(f"memory_limit_bytes must be a positive integer, got {memory_limit_bytes!r}")
-    dev = resolve_device(device)
-    check_config(config, dev)  # refuse bad input here, before paying for a process
-    payload = _payload(workload, preset, config)
-    options = {"warmup": warmup, "steps": steps, "device": str(dev), "preset": preset, "track_memory": track_memory}
-    if profile is not None:  # ProfileOptions travels as a dict of plain values
-        options["profile"] = profile.to_dict()
-
     from workbench.measure.child import ChildProcess
 
+    check_config(request.config, resolve_device(request.device))  # refuse bad input before paying for a process
+    payload = _payload(request.workload, request.preset, request.config)
     # The `finally` below ends the worker (and the DataLoader workers it started) whatever happens.
-    child = ChildProcess(_worker_main, payload, config.to_dict(), options, memory_limit_bytes=memory_limit_bytes)
+    child = ChildProcess(_worker_main, payload, request.config.to_dict(), request.for_worker(),
+                         memory_limit_bytes=request.memory_limit_bytes)  # fmt: skip
     try:
-        return _follow(child, child.inbox, on_event, cancel, timeout_s, workload_name(workload), config)
+        relay = EventRelay(workload_name(request.workload), request.config, on_event)
+        return _follow(child, relay, cancel, request.timeout_s)
     finally:
         child.stop()
 
@@ -131,45 +113,35 @@ def _unpicklable_message(workload: Any, exc: Exception) -> str:
     )
 
 
-def _follow(
-    process: Any,
-    receiver: Any,
-    on_event: EventSink | None,
-    cancel: threading.Event | None,
-    timeout_s: float | None,
-    name: str,
-    config: TrainConfig,
-) -> TrialResult:
-    """Relay events until TrialFinished; turn silence, death and cancel into a status."""
-    emit = on_event or (lambda event: None)
-    partial = _Partial(name, config)
+def _follow(process: Any, relay: EventRelay, cancel: threading.Event | None, timeout_s: float | None) -> TrialResult:
+    """Relay events until TrialFinished; turn silence, death and cancel into a status.
+
+    The silence limit counts from the trial's start: until its first event the worker is
+    importing torch and building, which gets `STARTUP_GRACE_S` more."""
+    receiver = process.inbox
     last_progress = time.monotonic()
     while True:
         if cancel is not None and cancel.is_set():
-            return partial.result("cancelled", "cancelled by the caller; the worker was stopped", emit)
-        if timeout_s is not None and time.monotonic() - last_progress > timeout_s:
-            return partial.result("timeout", f"no progress for {timeout_s:g} s; the worker was killed", emit)
+            return relay.end("cancelled", "cancelled by the caller; the worker was stopped")
+        allowed = None if timeout_s is None else timeout_s + (STARTUP_GRACE_S if relay.started_s is None else 0.0)
+        if allowed is not None and time.monotonic() - last_progress > allowed:
+            what = "no progress for" if relay.started_s is not None else "the trial had not started after"
+            return relay.end("timeout", f"{what} {allowed:g} s; the worker was killed")
         try:
             ready = receiver.poll(POLL_S)
             message = receiver.recv() if ready else None
         except (EOFError, OSError):
-            return partial.result(*_death(process), emit)
+            return relay.end(*_death(process))
         if message is None:
             if not process.is_alive() and not receiver.poll(0):
-                return partial.result(*_death(process), emit)
+                return relay.end(*_death(process))
             continue
         last_progress = time.monotonic()
-        kind = message[0]
-        if kind == "event":
-            event = message[1]
-            partial.observe(event)
-            emit(event)
-            if isinstance(event, TrialFinished):
-                return event.result
-        elif kind == "input_error":
-            raise _INPUT_ERRORS.get(message[1], ConfigError)(message[2])
-        elif kind == "fatal":
-            return partial.result("error", message[1], emit)
+        relay.handle(message)
+        if relay.finished is not None:
+            return relay.finished
+        if message[0] == "fatal":
+            return relay.end("error", message[1])
 
 
 def _death(process: Any) -> tuple[str, str]:
@@ -181,32 +153,6 @@ def _death(process: Any) -> tuple[str, str]:
             return "oom", f"the worker was killed ({name}) — most likely by the out-of-memory killer"
         return "error", f"the worker process died with signal {name}"
     return "error", f"the worker process exited unexpectedly (exit code {code})"
-
-
-class _Partial:
-    """What the parent has seen so far, to report a trial that never finished."""
-
-    def __init__(self, name: str, config: TrainConfig) -> None:
-        self.result_so_far = TrialResult(trial_id="", status="ok", workload=name, config=config.to_dict())
-
-    def observe(self, event: Any) -> None:
-        r = self.result_so_far
-        if isinstance(event, TrialStarted):
-            r.trial_id, r.warmup, r.steps = event.trial_id, event.warmup, event.steps
-        elif isinstance(event, StepMeasured):
-            (r.step_ms if event.timed else r.warmup_step_ms).append(event.step_ms)
-            if event.loss is not None:
-                r.losses.append(event.loss)
-
-    def result(self, status: str, message: str, emit: EventSink) -> TrialResult:
-        r = self.result_so_far
-        r.status, r.message = status, message  # type: ignore[assignment]
-        if not r.trial_id:
-            import uuid
-
-            r.trial_id = uuid.uuid4().hex[:12]
-        emit(TrialFinished(r.trial_id, r))
-        return r
 
 
 # --- the worker side ---------------------------------------------------------------
@@ -222,9 +168,9 @@ def _worker_main(
     try:
         from workbench.measure.trial import run_trial_inline
 
-        workload = unpack_workload(payload)
-        config = TrainConfig.from_dict(config_dict)
-        run_trial_inline(workload, config, cancel=None, on_event=lambda event: sender.send(("event", event)), **options)
+        request = TrialRequest(unpack_workload(payload), TrainConfig.from_dict(config_dict), isolation="inline",
+                               profile=ProfileOptions.coerce(options.pop("profile")), **options)  # fmt: skip
+        run_trial_inline(request, on_event=lambda event: sender.send(("event", event)))
     except (ConfigError, WorkloadError) as exc:
         sender.send(("input_error", type(exc).__name__, str(exc)))
     except BaseException as exc:  # anything else must still reach the parent as text

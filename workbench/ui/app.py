@@ -21,7 +21,7 @@ from workbench.analysis.compare import Comparison
 from workbench.api import ComparisonRun, Protocol
 from workbench.config import ConfigError, TrainConfig
 from workbench.device import capabilities, check_config, device_info, resolve_device
-from workbench.measure import RoundMeasured, StepMeasured, TrialResult, TrialStarted
+from workbench.measure import RoundMeasured, StepMeasured, TrialRequest, TrialResult, TrialStarted
 from workbench.measure.monitor import DeviceMonitor
 from workbench.ui.charts import TIMELINE_S, LiveCharts, TrialSeries
 from workbench.ui.controls import ConfigPanel
@@ -117,9 +117,9 @@ class Workbench:
         source = result.workload_source or {}
         workload = source.get("name") or result.workload
         preset = source.get("preset") or result.preset or "tiny"
-        spec = RunSpec(
-            workload, f"{workload} [{preset}]", preset, result.warmup, result.steps, self.device, self.timeout_s
-        )
+        request = TrialRequest(workload, warmup=max(1, result.warmup), steps=max(1, result.steps), device=self.device,
+                               preset=preset, timeout_s=self.timeout_s)  # fmt: skip
+        spec = RunSpec(request, f"{workload} [{preset}]")
         config = TrainConfig.from_dict(result.config)
         with self._lock:
             entry = self._new_entry("baseline", config, spec)
@@ -223,10 +223,9 @@ class Workbench:
         preset = self.preset_picker.value
         label = workload.describe() if isinstance(workload, Workload) else f"{workload} [{preset}]"
         protocol = Protocol(precision=self.precision.value / 100.0, budget_s=float(self.budget.value))
-        return RunSpec(
-            workload, label, preset, self.warmup.value, self.steps.value, self.device, self.timeout_s,
-            profile=self.profile_box.value, protocol=protocol,
-        )  # fmt: skip
+        request = TrialRequest.of(workload, warmup=self.warmup.value, steps=self.steps.value, device=self.device,
+                                  preset=preset, timeout_s=self.timeout_s, profile=self.profile_box.value)  # fmt: skip
+        return RunSpec(request, label, protocol=protocol)
 
     def _submit(self, role: str, config: TrainConfig | None = None) -> Entry | None:
         try:

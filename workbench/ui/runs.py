@@ -23,7 +23,7 @@ from typing import Any, Literal
 from workbench.analysis.compare import CandidateComparison, Comparison
 from workbench.api import ComparisonRun, Protocol, TrialHandle, start_comparison, start_trial
 from workbench.config import TrainConfig
-from workbench.measure import Event, TrialResult
+from workbench.measure import Event, TrialRequest, TrialResult
 from workbench.workloads import Workload
 
 Role = Literal["baseline", "candidate"]
@@ -33,17 +33,27 @@ Role = Literal["baseline", "candidate"]
 class RunSpec:
     """Everything a trial needs besides its config: the same for baseline and candidates."""
 
-    workload: Workload | str
+    request: TrialRequest
+    """The window (workload, warm-up, steps, preset, device, timeout, profile); each entry runs it with its own config."""
     workload_label: str
-    preset: str
-    warmup: int
-    steps: int
-    device: str | None = None
-    timeout_s: float | None = None
-    profile: bool = False
-    """Profile a few extra steps after the timed window (evidence for the Diagnosis tab)."""
     protocol: Protocol = field(default_factory=Protocol)
     """How a candidate is compared with the baseline (precision, budget)."""
+
+    @property
+    def workload(self) -> Workload | str:
+        return self.request.workload
+
+    @property
+    def preset(self) -> str:
+        return self.request.preset
+
+    @property
+    def warmup(self) -> int:
+        return self.request.warmup
+
+    @property
+    def steps(self) -> int:
+        return self.request.steps
 
 
 @dataclass
@@ -179,8 +189,7 @@ class TrialRunner:
         def on_event(event: Event, record: TrialRecord = record) -> None:
             self._inbox.append((record, event))  # deque.append is atomic; the pump does the rest
 
-        options = dict(warmup=spec.warmup, steps=spec.steps, preset=spec.preset, device=spec.device,
-                       timeout_s=spec.timeout_s, profile=spec.profile, on_event=on_event)  # fmt: skip
+        options = dict(spec.request.options(), on_event=on_event)
         known = [r for r in self._finished.get(id(entry.baseline), []) if r.ok]
         try:
             if known and entry.baseline is not None:
