@@ -1,6 +1,9 @@
 """Worker start-up cost: seconds from `run_trial(isolation='process')` to the worker's TrialStarted,
 and the whole process-isolated trial minus the same trial inline. Target ≤ 3 s here.
 
+Then what a comparison pays for N workers: N trials each starting its own worker, against
+N trials on workers `prestart`ed together first (the protocol does this before measuring).
+
     .venv/bin/python benchmarks/worker_startup.py [--repeats 5]
 """
 
@@ -13,7 +16,9 @@ import time
 import torch
 from torch import nn
 
-from workbench.measure import TrialStarted, run_trial
+from workbench.measure import TrialStarted
+from workbench.measure.child import discard_spares, prestart
+from workbench.trials import run_trial
 from workbench.workloads import Workload
 
 
@@ -48,6 +53,20 @@ def main() -> None:
     print(f"{args.repeats} repeats, tiny linear workload")
     print(f"spawn -> TrialStarted   median {statistics.median(to_started):.2f} s")
     print(f"isolated - inline       median {statistics.median(overhead):.2f} s   (target <= 3 s)")
+    for count in (3, 6):
+        began = time.perf_counter()
+        for _ in range(count):
+            run_trial(tiny_workload(), steps=2, warmup=1)
+        cold = time.perf_counter() - began
+        began = time.perf_counter()
+        ready = prestart(count)
+        for _ in range(count):
+            run_trial(tiny_workload(), steps=2, warmup=1)
+        warm = time.perf_counter() - began
+        discard_spares()
+        print(
+            f"{count} trials: own workers {cold:.1f} s, prestarted ({ready} ready) {warm:.1f} s, ratio {warm / cold:.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -285,3 +285,25 @@ def test_background_handle_keeps_the_caller_free_and_cancels() -> None:
     handle.cancel()
     result = handle.result(timeout=5)
     assert result.status == "cancelled" and result.step_ms  # it had been measuring
+
+
+def test_prestarted_workers_wait_idle_then_run_trials_and_unused_ones_end() -> None:
+    """Spares import while nothing is measured, use no CPU while they wait, take the next trials
+    (the trial's worker_pid is a spare's), and `discard_spares` ends the ones left over."""
+    from workbench.measure import child
+
+    assert child.prestart(2) == 2
+    pids = [spare.process.pid for spare in child._spares]
+    idle = [psutil.Process(pid) for pid in pids]
+    for proc in idle:
+        proc.cpu_percent(None)
+    time.sleep(0.5)
+    assert all(proc.cpu_percent(None) < 5 for proc in idle)  # blocked reading their job
+    try:
+        result = run_trial(workload(), steps=2, warmup=1)
+        assert result.ok, result.message
+        assert result.worker_pid == pids[0]
+    finally:
+        child.discard_spares()
+    assert not child._spares
+    assert _no_live_children()

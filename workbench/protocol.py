@@ -20,10 +20,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -32,6 +33,7 @@ from workbench.analysis.intervals import MIN_UNITS, min_paired_rounds
 from workbench.analysis.numerics import check_numerics
 from workbench.config import ConfigError, TrainConfig
 from workbench.measure import EventSink, RoundMeasured, TrialRequest, TrialResult
+from workbench.measure.child import discard_spares
 from workbench.measure.hostload import HostLoad
 from workbench.store import DEFAULT_STORE, StoreArg, opened_store
 from workbench.trials import run_request
@@ -208,7 +210,7 @@ def run_protocol(
                               **trial_options)  # fmt: skip
     began = time.monotonic()
     load = HostLoad().start()
-    with opened_store(store) as history:
+    with opened_store(store) as history, _spare_workers(request, design, 1 + len(configs) - bool(known_baseline)):
         recorder = history.recorder(kind, label=run_label) if history is not None else None
 
         def fresh(index: int) -> TrialResult:
@@ -224,6 +226,7 @@ def run_protocol(
         rounds = _Rounds(request, configs, runs, protocol, design, began, emit, cancel, fresh)
         log, stop_reason = rounds.run()
         design = rounds.design
+        discard_spares()  # reaped before the host-load reading, so their start-up is not "other" work
         summaries = [summarize(r) for r in runs]
         numerics = [check_numerics(runs[0][0], r[0]) for r in runs[1:]]
         comparison = compare_units(summaries, numerics, log, paired=design == "paired", design=design,
@@ -413,6 +416,21 @@ class _Rounds:
             est = estimate(self.log, 0, index, paired=paired, confidence=self.protocol.confidence)
             widths[index] = est.half_width if est is not None else None
         return widths
+
+
+@contextlib.contextmanager
+def _spare_workers(request: TrialRequest, design: str, count: int) -> Iterator[None]:
+    """Workers for the characterizing trials and the paired session, started together before
+    anything is measured (their start-ups share the CPUs instead of queueing); unused ones end
+    with the comparison. Not for torchrun trials, nor a process-isolated request that is not."""
+    from workbench.measure.child import prestart
+
+    if design == "paired" and request.isolation == "process":
+        prestart(count)
+    try:
+        yield
+    finally:
+        discard_spares()
 
 
 class _RoundFailed(Exception):

@@ -12,17 +12,22 @@ DataLoader workers it started too.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 MODULE = "workbench.measure.child"
+SPARE_FLAG = "--spare"
+SPARE_READY_S = 120.0
+"""How long `prestart` waits for a spare's imports before giving up on it (it is then stopped)."""
 
 
 class ChildProcess:
@@ -33,18 +38,11 @@ class ChildProcess:
                  env: dict[str, str] | None = None) -> None:  # fmt: skip
         import cloudpickle
 
-        request_read, request_write = os.pipe()
-        reply_read, reply_write = os.pipe()
-        command = [sys.executable, "-m", MODULE, str(request_read), str(reply_write)]
-        try:
-            self.process = subprocess.Popen(
-                command, pass_fds=(request_read, reply_write), env=env or child_environment(), start_new_session=True
-            )
-        finally:
-            os.close(request_read)  # the child holds its own copies; EOF then means "the other side is gone"
-            os.close(reply_write)
-        self.outbox = Connection(request_write, readable=False)
-        self.inbox = Connection(reply_read, writable=False)
+        spare = _take_spare() if env is None else None
+        if spare is not None:  # already started and imported, idle until now
+            self.process, self.outbox, self.inbox = spare.process, spare.outbox, spare.inbox
+        else:
+            self.process, self.outbox, self.inbox = _spawn(env or child_environment())
         self.outbox.send_bytes(cloudpickle.dumps((job, args, memory_limit_bytes)))
 
     @property
@@ -78,6 +76,83 @@ class ChildProcess:
             end.close()
 
 
+class _Spare:
+    """A child started ahead of its job: imported, blocked reading the job, using no CPU."""
+
+    def __init__(self) -> None:
+        self.process, self.outbox, self.inbox = _spawn(child_environment(), spare=True)
+
+    def stop(self) -> None:
+        _signal_group(self.process.pid, signal.SIGKILL)
+        try:
+            self.process.wait(2)
+        except subprocess.TimeoutExpired:
+            pass
+        for end in (self.outbox, self.inbox):
+            end.close()
+
+
+_spares: list[_Spare] = []
+_spares_lock = threading.Lock()
+
+
+def prestart(count: int) -> int:
+    """Start `count` workers now and wait until each has imported torch and the workbench.
+
+    Why: a worker's start-up (interpreter, `import torch`, the workbench) takes seconds; spares
+    started together share the CPUs while nothing is measured, so a comparison pays that once,
+    not once per trial. They wait, idle, for their job; `ChildProcess` takes one before starting
+    a new process. Returns how many are ready; `discard_spares` ends the unused ones."""
+    started = [_Spare() for _ in range(max(0, count))]
+    deadline = time.monotonic() + SPARE_READY_S
+    ready = []
+    for spare in started:
+        try:
+            if spare.inbox.poll(max(0.0, deadline - time.monotonic())) and spare.inbox.recv() == ("imported",):
+                ready.append(spare)
+                continue
+        except (EOFError, OSError):
+            pass
+        spare.stop()
+    with _spares_lock:
+        _spares.extend(ready)
+    return len(ready)
+
+
+def discard_spares() -> None:
+    """End the spares nobody took (they hold memory, and on a GPU host they must not linger)."""
+    with _spares_lock:
+        unused = list(_spares)
+        _spares.clear()
+    for spare in unused:
+        spare.stop()
+
+
+atexit.register(discard_spares)
+
+
+def _take_spare() -> _Spare | None:
+    with _spares_lock:
+        while _spares:
+            spare = _spares.pop(0)
+            if spare.process.poll() is None:
+                return spare
+            spare.stop()
+    return None
+
+
+def _spawn(env: dict[str, str], spare: bool = False) -> tuple[subprocess.Popen[bytes], Connection, Connection]:
+    request_read, request_write = os.pipe()
+    reply_read, reply_write = os.pipe()
+    command = [sys.executable, "-m", MODULE, str(request_read), str(reply_write), *([SPARE_FLAG] if spare else [])]
+    try:
+        process = subprocess.Popen(command, pass_fds=(request_read, reply_write), env=env, start_new_session=True)
+    finally:
+        os.close(request_read)  # the child holds its own copies; EOF then means "the other side is gone"
+        os.close(reply_write)
+    return process, Connection(request_write, readable=False), Connection(reply_read, writable=False)
+
+
 def child_environment() -> dict[str, str]:
     """The caller's environment plus its import path: modules a notebook or script imported by
     path (a 'package.module:attr' workload) must import in the child too."""
@@ -109,11 +184,17 @@ def _signal_group(pid: int, sig: int) -> None:
         pass
 
 
-def _main(request_fd: int, reply_fd: int) -> None:
+def _main(request_fd: int, reply_fd: int, spare: bool = False) -> None:
     import cloudpickle
 
     requests = Connection(request_fd, writable=False)
     replies = Connection(reply_fd, readable=False)
+    if spare:  # import what every job needs now, while the parent measures nothing
+        import torch  # noqa: F401
+
+        import workbench.measure.trial  # noqa: F401
+
+        replies.send(("imported",))
     try:
         job, args, memory_limit = cloudpickle.loads(requests.recv_bytes())
     except Exception as exc:
@@ -127,4 +208,4 @@ def _main(request_fd: int, reply_fd: int) -> None:
 
 
 if __name__ == "__main__":
-    _main(int(sys.argv[1]), int(sys.argv[2]))
+    _main(int(sys.argv[1]), int(sys.argv[2]), spare=SPARE_FLAG in sys.argv[3:])
