@@ -1,8 +1,9 @@
 """`build()`: turn a Workload and a TrainConfig into a `TrainStep`, applying toggles in one order.
 
 Each toggle lives in its own module; this file only decides the order and records what was
-applied. The step itself never synchronizes with the host, so the measurement layer can time
-it with CUDA events.
+applied. Batches reach the device with non-blocking copies and the step reads nothing back,
+so with default settings neither makes the host wait (fp16's GradScaler check and the user's
+own `.item()` calls still do; the sync scan names them) and CUDA events can time it.
 """
 
 from __future__ import annotations
@@ -105,8 +106,8 @@ class TrainStep:
 
     `model` is what runs (an OptimizedModule under compile); `base_model` is the eager module
     underneath, whose `state_dict` keys are the model's own. The returned loss stays on the
-    device: reading it is the caller's choice, and the only host sync in the step is
-    fp16's GradScaler inf check (without a fused optimizer).
+    device: reading it is the caller's choice. The step itself adds one host sync only under
+    fp16 (GradScaler's inf check, without a fused optimizer); anything else is the model's.
     """
 
     def __init__(
@@ -130,8 +131,13 @@ class TrainStep:
         self.graphed: CudaGraphStep | None = None
 
     def prepare_batch(self, batch: Batch) -> Batch:
-        """Move a batch to the device (asynchronously from pinned memory) in the model's layout."""
-        batch = move_batch(batch, self.device, non_blocking=self.config.pin_memory)
+        """Move a batch to the device in the model's layout, without making the host wait.
+
+        A blocking host→device copy synchronizes the stream every step. Non-blocking is correct
+        from pageable memory too: CUDA stages a pageable source before the call returns, so the
+        batch may be freed or reused at once (pinned memory also lets the DMA overlap compute).
+        """
+        batch = move_batch(batch, self.device, non_blocking=self.device.type == "cuda")
         return to_channels_last(batch) if self.config.channels_last else batch
 
     def __call__(self, micro_batches: Sequence[Batch], mark: Mark | None = None) -> torch.Tensor:
