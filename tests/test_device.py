@@ -191,3 +191,48 @@ def test_gpu_worlds_need_one_device_per_rank() -> None:
     assert world_size_availability(count, torch.device("cuda")).available
     refused = world_size_availability(count + 1, torch.device("cuda"))
     assert not refused.available and f"{count} CUDA device" in refused.reason
+
+
+# --- bf16 only where the GPU runs it natively ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("capability", "native"),
+    [
+        ((6, 0), False),
+        ((7, 0), False),
+        ((7, 5), False),
+        ((8, 0), True),
+        ((8, 6), True),
+        ((9, 0), True),
+        ((10, 0), True),
+    ],
+)
+def test_bf16_is_offered_from_compute_capability_8_0(capability: tuple[int, int], native: bool) -> None:
+    # torch.cuda.is_bf16_supported() says True on V100 (7.0) and T4 (7.5): emulation, not hardware.
+    from workbench.device import bf16_availability, native_half_dtype
+
+    availability = bf16_availability(capability)
+    assert availability.available is native
+    assert native_half_dtype(capability) == (torch.bfloat16 if native else torch.float16)
+    if not native:
+        assert f"{capability[0]}.{capability[1]}" in availability.reason and "8.0" in availability.reason
+        assert "fp16" in availability.reason
+
+
+def test_amp_and_fsdp_bf16_gate_on_the_device_capability(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gating decision given a V100's capability tuple (only the tuple is supplied, no GPU call)."""
+    from workbench import device
+
+    asked: list[torch.device] = []
+
+    def v100(dev: torch.device) -> tuple[int, int]:
+        asked.append(dev)
+        return (7, 0)
+
+    monkeypatch.setattr(device, "_cuda_capability", v100)
+    cuda1 = torch.device("cuda:1")
+    assert not device._amp("bf16", cuda1).available
+    assert device._amp("fp16", cuda1).available
+    assert not device._fsdp_param_dtype("bf16", cuda1).available
+    assert asked == [cuda1, cuda1]  # the trial's device, not whichever device is current
