@@ -20,7 +20,7 @@ from workbench.optimizations.attention import apply_attention_backend
 from workbench.optimizations.checkpointing import apply_activation_checkpointing
 from workbench.optimizations.compile import apply_compile
 from workbench.optimizations.cuda_graphs import CudaGraphStep, apply_cuda_graphs
-from workbench.optimizations.distributed import apply_data_parallel
+from workbench.optimizations.distributed import apply_data_parallel, grads_stay_bucket_views
 from workbench.optimizations.memory_format import apply_channels_last, to_channels_last
 from workbench.optimizations.optimizer import apply_optimizer
 from workbench.optimizations.precision import apply_fp32_precision
@@ -129,6 +129,9 @@ class TrainStep:
         self.applied = applied
         self._autocast, self._precision, self._attention = autocast, precision, attention
         self.graphed: CudaGraphStep | None = None
+        # Gradients are dropped each step (backward allocates them only as needed), except where
+        # they are DDP bucket views, which must survive to save the copy.
+        self.grads_to_none = not grads_stay_bucket_views(config)
 
     def prepare_batch(self, batch: Batch) -> Batch:
         """Move a batch to the device in the model's layout, without making the host wait.
@@ -162,7 +165,7 @@ class TrainStep:
         count = len(micro_batches)
         total: torch.Tensor | None = None
         with _entered(self._precision):
-            self.optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad(set_to_none=self.grads_to_none)
             for batch in micro_batches:
                 # The SDPA backend must hold for backward too: its backward kernel matches its forward.
                 with _entered(self._attention):
