@@ -7,7 +7,7 @@ import torch
 
 from workbench.config import ConfigError, TrainConfig
 from workbench.device import capabilities, capabilities_report, check_config, device_info, resolve_device
-from workbench.peak_specs import lookup_spec
+from workbench.peak_specs import known_devices, lookup_spec
 
 needs_cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="asserts CPU-only behaviour")
 
@@ -106,6 +106,52 @@ def test_peak_table_matches_datasheets(
     assert spec.memory_bandwidth == pytest.approx(bandwidth_tbs * 1e12)
 
 
+# The names `torch.cuda.get_device_name()` / nvidia-smi report, one or more per table row.
+PRODUCT_NAMES = {
+    "NVIDIA GB200": "GB200",
+    "NVIDIA B200": "B200",
+    "NVIDIA GH200 144G HBM3e": "GH200 144GB",
+    "NVIDIA GH200 480GB": "GH200 96GB",
+    "NVIDIA H200 NVL": "H200 NVL",
+    "NVIDIA H200": "H200 SXM",
+    "NVIDIA H100 NVL": "H100 NVL",
+    "NVIDIA H100 PCIe": "H100 PCIe",
+    "NVIDIA H100 80GB HBM3": "H100 SXM",
+    "NVIDIA A100-PCIE-40GB": "A100 PCIe 40GB",
+    "NVIDIA A100 80GB PCIe": "A100 PCIe 80GB",
+    "NVIDIA A100-SXM4-40GB": "A100 SXM 40GB",
+    "NVIDIA A100-SXM4-80GB": "A100 SXM 80GB",
+    "NVIDIA L40S": "L40S",
+    "NVIDIA L40": "L40",
+    "NVIDIA L4": "L4",
+    "NVIDIA A10G": "A10G",
+    "NVIDIA A10": "A10",
+    "Tesla V100-SXM2-32GB": "V100",
+    "AMD Instinct MI300X": "MI300X",
+}
+
+
+@pytest.mark.parametrize(("product_name", "table_name"), sorted(PRODUCT_NAMES.items()))
+def test_every_product_name_finds_its_own_row(product_name: str, table_name: str) -> None:
+    spec = lookup_spec(product_name)
+    assert spec is not None and spec.name == table_name
+
+
+def test_every_table_row_is_reached_by_a_product_name() -> None:
+    """A row that no real name reaches is shadowed by a more generic pattern above it."""
+    assert set(PRODUCT_NAMES.values()) == set(known_devices())
+
+
+def test_nvl_and_grace_hopper_parts_get_their_own_figures() -> None:
+    h200_nvl = lookup_spec("NVIDIA H200 NVL")
+    assert h200_nvl is not None
+    assert h200_nvl.peak_flops("bf16") == pytest.approx(835.5e12)
+    assert h200_nvl.peak_flops("tf32") == pytest.approx(417.5e12)
+    gh200 = lookup_spec("NVIDIA GH200 480GB")
+    assert gh200 is not None
+    assert gh200.memory_bytes == pytest.approx(96e9) and gh200.memory_bandwidth == pytest.approx(4.0e12)
+
+
 def test_peak_table_knows_unsupported_dtypes_and_unknown_devices() -> None:
     v100 = lookup_spec("Tesla V100-SXM2-32GB")
     assert v100 is not None and v100.peak_flops("bf16") is None
@@ -145,3 +191,48 @@ def test_gpu_worlds_need_one_device_per_rank() -> None:
     assert world_size_availability(count, torch.device("cuda")).available
     refused = world_size_availability(count + 1, torch.device("cuda"))
     assert not refused.available and f"{count} CUDA device" in refused.reason
+
+
+# --- bf16 only where the GPU runs it natively ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("capability", "native"),
+    [
+        ((6, 0), False),
+        ((7, 0), False),
+        ((7, 5), False),
+        ((8, 0), True),
+        ((8, 6), True),
+        ((9, 0), True),
+        ((10, 0), True),
+    ],
+)
+def test_bf16_is_offered_from_compute_capability_8_0(capability: tuple[int, int], native: bool) -> None:
+    # torch.cuda.is_bf16_supported() says True on V100 (7.0) and T4 (7.5): emulation, not hardware.
+    from workbench.device import bf16_availability, native_half_dtype
+
+    availability = bf16_availability(capability)
+    assert availability.available is native
+    assert native_half_dtype(capability) == (torch.bfloat16 if native else torch.float16)
+    if not native:
+        assert f"{capability[0]}.{capability[1]}" in availability.reason and "8.0" in availability.reason
+        assert "fp16" in availability.reason
+
+
+def test_amp_and_fsdp_bf16_gate_on_the_device_capability(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gating decision given a V100's capability tuple (only the tuple is supplied, no GPU call)."""
+    from workbench import device
+
+    asked: list[torch.device] = []
+
+    def v100(dev: torch.device) -> tuple[int, int]:
+        asked.append(dev)
+        return (7, 0)
+
+    monkeypatch.setattr(device, "_cuda_capability", v100)
+    cuda1 = torch.device("cuda:1")
+    assert not device._amp("bf16", cuda1).available
+    assert device._amp("fp16", cuda1).available
+    assert not device._fsdp_param_dtype("bf16", cuda1).available
+    assert asked == [cuda1, cuda1]  # the trial's device, not whichever device is current

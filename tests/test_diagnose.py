@@ -195,6 +195,19 @@ def test_gpu_idle_between_kernels_is_launch_bound_and_cuda_graphs_come_first() -
     assert diagnosis.primary.recommendations[0].changes == {"cuda_graphs": True}
 
 
+def test_cuda_graphs_are_not_offered_while_the_step_syncs_and_the_sync_is_named_first() -> None:
+    site = {"op": "item (device→host scalar)", "source": "models/planner.py:88 in forward",
+            "code": "if loss.item() > 10:", "via": "", "count": 1}  # fmt: skip
+    profile = {"overhead": {"device_idle_share": 0.7, "kernels_per_step": 900, "median_kernel_us": 4.0},
+               "kernel_mix": {"compute_heavy": 0.2, "conv": 0.0, "memory_bound": 0.8}, "phase_share": {},
+               "syncs": {"per_step": 1.0, "sites": [site]}}  # fmt: skip
+    diagnosis = diagnose(_cuda_result(profile))
+    overhead = next(f for f in diagnosis.findings if f.kind == "overhead")
+    first = overhead.recommendations[0]
+    assert first.changes == {} and "models/planner.py:88" in first.title and "loss.item()" in first.why
+    assert all(not r.changes.get("cuda_graphs") for f in diagnosis.findings for r in f.recommendations)
+
+
 def test_mfu_uses_the_tables_peak_for_the_configs_dtype() -> None:
     profile = {"overhead": {"device_idle_share": 0.05}, "phase_share": {},
                "kernel_mix": {"compute_heavy": 0.9, "conv": 0.0, "memory_bound": 0.1}}  # fmt: skip

@@ -315,6 +315,32 @@ def test_fsdp2_bf16_params_keep_batchnorm_fp32_under_autocast(one_rank_group: No
         build(batchnorm_workload(), config.replace(amp="fp32"), "cpu")
 
 
+@pytest.mark.parametrize("bucket_view", [True, False])
+def test_ddp_bucket_view_gradients_survive_zero_grad(one_rank_group: None, bucket_view: bool) -> None:
+    """With bucket views, backward must find the bucket's gradients already there: set to None,
+    the reducer would allocate fresh ones and copy them into the bucket every step."""
+    config = TrainConfig(strategy="ddp", ddp_gradient_as_bucket_view=bucket_view)
+    workload = trouble()
+    step = build(workload, config, "cpu")
+    params = list(step.base_model.parameters())
+    seen: list[list[int | None]] = []
+    step.base_model.register_forward_pre_hook(
+        lambda module, args: seen.append([None if p.grad is None else p.grad.data_ptr() for p in params])
+    )
+    batches = iter(workload.batches(config))
+    step([step.prepare_batch(next(batches))])
+    step([step.prepare_batch(next(batches))])  # DDP rebuilds its buckets before this forward
+    after_second = [None if p.grad is None else p.grad.data_ptr() for p in params]
+    step([step.prepare_batch(next(batches))])
+    record = next(a for a in step.applied if a.toggle == "strategy")
+    if bucket_view:
+        assert None not in after_second and seen[2] == after_second  # the same bucket storage
+        assert "zero_grad(set_to_none=False)" in record.detail
+    else:
+        assert seen[1] == seen[2] == [None] * len(params)
+        assert "set_to_none" not in record.detail
+
+
 def test_data_parallel_needs_a_process_group() -> None:
     with pytest.raises(ConfigError, match="initialized process group"):
         build(trouble(), TrainConfig(strategy="ddp"), "cpu")

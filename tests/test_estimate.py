@@ -39,6 +39,61 @@ def test_cuda_caching_allocator_rounds_every_block_to_512_bytes() -> None:
     assert cuda_workspace_bytes("NVIDIA A100-SXM4-80GB") < cuda_workspace_bytes("NVIDIA H100 80GB HBM3")
 
 
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "counted"),
+    [
+        (5 * MIB, 5 * MIB),  # from a shared 20 MiB segment: split, 512-byte exact
+        (10 * MIB, 10 * MIB),  # its own 10 MiB segment, nothing left over
+        (10 * MIB + 1, 10 * MIB + 512),  # 12 MiB segment, 2 MiB - 512 B left (> 1 MiB): split
+        (11 * MIB, 12 * MIB),  # exactly 1 MiB left: not split, the whole segment counts
+        (11 * MIB + 1, 12 * MIB),  # < 1 MiB left: not split
+        (101 * MIB + 4096, 102 * MIB),
+        (103 * MIB - 4096, 103 * MIB - 4096),  # rounds to 104 MiB, > 1 MiB left: split
+    ],
+)
+def test_large_segments_are_not_split_when_at_most_1_mib_would_remain(nbytes: int, counted: int) -> None:
+    # The allocator's should_split: a large-pool remainder is split off only when > kSmallSize (1 MiB).
+    assert cuda_block_bytes(nbytes, expandable_segments=False) == counted
+    # Expandable segments split down to 512 bytes.
+    assert cuda_block_bytes(nbytes, expandable_segments=True) == -(-nbytes // 512) * 512
+
+
+def test_alloc_conf_and_cublas_workspace_config_are_read_from_the_environment() -> None:
+    from workbench.estimate import CUBLAS_WORKSPACE_DEFAULT, cublas_workspace_bytes, expandable_segments_configured
+
+    assert expandable_segments_configured({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64,expandable_segments:True"})
+    assert not expandable_segments_configured({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"})
+    assert cublas_workspace_bytes("NVIDIA H100 80GB HBM3", {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}) == 32 * MIB
+    assert cublas_workspace_bytes("NVIDIA H100 80GB HBM3", {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}) == 128 * 1024
+    assert cublas_workspace_bytes("NVIDIA A100-SXM4-80GB", {}) == CUBLAS_WORKSPACE_DEFAULT == 8 * MIB + 128 * 1024
+    assert cublas_workspace_bytes("NVIDIA B200", {}) == CUBLAS_WORKSPACE_HOPPER
+
+
+class ElevenMiBWeight(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(11 * MIB // 4))  # 11 MiB of fp32
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight[:1]
+
+
+def test_the_estimate_counts_an_unsplit_segment_and_states_its_error_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    workload = Workload.from_callables(model_fn=ElevenMiBWeight, batch_fn=lambda n, g: (torch.randn(n, 1, generator=g),),
+                                       loss_fn=lambda out, batch: out.sum(), batch_size=1)  # fmt: skip
+    gpu = estimate_memory(workload, TrainConfig(optimizer="sgd"), "NVIDIA H100 80GB HBM3")
+    assert gpu.breakdown["parameters"] == 12 * MIB  # 11 MiB in a 12 MiB segment that is not split
+    # weight, its gradient and SGD's momentum are each > 1 MiB: 3 MiB of reuse slack, plus the workspaces.
+    assert gpu.error_bound_bytes >= 3 * MIB + gpu.workspace_bytes
+    assert any("error bound" in note for note in gpu.notes)
+    assert estimate_memory(workload, TrainConfig(optimizer="sgd"), "cpu").error_bound_bytes == 0
+
+
 def scalar_workload() -> Workload:
     """Linear(1, 1): every tensor is a few bytes, so on CUDA each one is a whole 512-byte block."""
     return Workload.from_callables(model_fn=lambda: nn.Linear(1, 1),

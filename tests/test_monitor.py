@@ -173,3 +173,78 @@ def test_stop_ends_the_thread() -> None:
     count = len(monitor.samples())
     time.sleep(0.1)
     assert len(monitor.samples()) == count
+
+
+# --- NVLink: which links the field request asks for ------------------------------------
+
+
+class _EighteenLinkDriver:
+    """Stands in for libnvidia-ml's `nvmlDeviceGetFieldValues` only: it reads the ctypes array that
+    pynvml's own wrapper packed and answers per scopeId, as nvml.h documents, for 18 links."""
+
+    links = 18
+
+    def __init__(self, aggregate_supported: bool = True) -> None:
+        self.aggregate_supported = aggregate_supported
+        self.scopes_asked: list[int] = []
+        self.elapsed_s = 0.0
+
+    def counter(self, field_id: int, link: int) -> int:
+        """Cumulative KiB: link l moves (l + 1) KiB/s of TX data and 7 (l + 1) KiB/s of RX."""
+        import pynvml
+
+        per_s = 1 if field_id == pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX else 7
+        return round(per_s * (link + 1) * self.elapsed_s)
+
+    def __call__(self, handle: object, count: object, values_ref: object) -> int:
+        import pynvml
+
+        values = values_ref._obj  # type: ignore[attr-defined]  # ctypes.byref keeps the array here
+        for value in values:
+            self.scopes_asked.append(int(value.scopeId))
+            if value.scopeId == 0xFFFFFFFF and self.aggregate_supported:
+                value.value.ullVal = sum(self.counter(value.fieldId, link) for link in range(self.links))
+                value.nvmlReturn = pynvml.NVML_SUCCESS
+            elif value.scopeId < self.links:
+                value.value.ullVal = self.counter(value.fieldId, value.scopeId)
+                value.nvmlReturn = pynvml.NVML_SUCCESS
+            else:
+                value.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return pynvml.NVML_SUCCESS
+
+
+@pytest.mark.parametrize("aggregate_supported", [True, False])
+def test_nvlink_rate_sums_every_link_not_link_zero(monkeypatch: pytest.MonkeyPatch, aggregate_supported: bool) -> None:
+    pynvml = pytest.importorskip("pynvml")
+    import types
+
+    from workbench.measure import monitor
+
+    driver = _EighteenLinkDriver(aggregate_supported)
+    monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer", lambda name: driver)
+    monkeypatch.setattr(monitor, "time", types.SimpleNamespace(monotonic=lambda: driver.elapsed_s))
+    reader = monitor._NvmlReader(pynvml, [object()], ["18-link GPU"], "")
+    driver.elapsed_s = 100.0
+    assert reader._nvlink(0, reader.handles[0]) == (None, None)  # a rate needs two reads
+    driver.elapsed_s = 110.0
+    tx, rx = reader._nvlink(0, reader.handles[0])
+    # Independent truth: 1 + 2 + ... + 18 = 171 KiB/s of TX over all links (link 0 alone: 1 KiB/s).
+    assert tx == pytest.approx(171 * 1024) and rx == pytest.approx(7 * 171 * 1024)
+    if aggregate_supported:
+        assert set(driver.scopes_asked) == {0xFFFFFFFF}
+    else:
+        assert set(range(18)) <= set(driver.scopes_asked)
+
+
+def test_nvlink_field_request_packs_the_all_links_scope_into_pynvml_structs() -> None:
+    pynvml = pytest.importorskip("pynvml")
+    from workbench.measure.monitor import nvlink_field_request
+
+    request = nvlink_field_request(pynvml)
+    values = (pynvml.c_nvmlFieldValue_t * len(request))()
+    for slot, field in zip(values, request):
+        slot.fieldId, slot.scopeId = field  # what pynvml.nvmlDeviceGetFieldValues does with a pair
+    assert [(v.fieldId, v.scopeId) for v in values] == [
+        (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 2**32 - 1),
+        (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 2**32 - 1),
+    ]

@@ -490,3 +490,41 @@ def test_cuda_graph_warmup_is_undone_by_the_snapshot(optimizer: str) -> None:
     assert not torch.equal(next(warmed.model.parameters()), next(fresh.model.parameters()))
     restore()
     assert [float(warmed(s)) for s in steps] == [float(fresh(s)) for s in steps]
+
+
+# --- host→device batch copies ------------------------------------------------------------
+
+
+class _ToCalls(torch.overrides.TorchFunctionMode):
+    """Records `Tensor.to` calls and returns the tensor unmoved: the arguments are the subject."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[dict[str, Any]] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.Tensor.to:
+            self.calls.append({"device": args[1] if len(args) > 1 else None, **(kwargs or {})})
+            return args[0]
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("pin_memory", [False, True])
+def test_batches_go_to_a_cuda_device_without_blocking(pin_memory: bool) -> None:
+    """A blocking host→device copy synchronizes the stream every step, pinned memory or not."""
+    step, batches = make()
+    step.device = torch.device("cuda")  # only the copy's arguments are built: no CUDA call runs
+    step.config = TrainConfig(pin_memory=pin_memory)
+    recorder = _ToCalls()
+    with recorder:
+        step.prepare_batch(next(batches))
+    assert len(recorder.calls) == 2  # inputs and targets
+    assert all(call["device"] == torch.device("cuda") and call["non_blocking"] is True for call in recorder.calls)
+
+
+def test_batches_stay_blocking_copies_on_cpu() -> None:
+    step, batches = make()
+    recorder = _ToCalls()
+    with recorder:
+        step.prepare_batch(next(batches))
+    assert all(call["non_blocking"] is False for call in recorder.calls)

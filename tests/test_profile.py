@@ -174,3 +174,35 @@ def test_sync_scan_reports_errors_instead_of_failing() -> None:
     x = torch.ones(3)
     found = scan_syncs(lambda: (x.sum().item(), float(x[0]), bool(x[1] > 0)), "cpu")
     assert found["per_step"] == 3
+
+
+class _OnDevice:
+    """A value whose `.device` is a CUDA device: `_sync_kind` reads only the device type."""
+
+    device = torch.device("cuda")
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "kwargs", "expected"),
+    [
+        # .to("cuda") from host memory: aten._to_copy(src, device=cuda) → a CUDA tensor
+        ("aten._to_copy.default", (torch.ones(2),), {"non_blocking": False}, "blocking host→device copy"),
+        ("aten._to_copy.default", (torch.ones(2),), {}, "blocking host→device copy"),
+        ("aten._to_copy.default", (torch.ones(2),), {"non_blocking": True}, None),
+        # cuda_tensor.copy_(host_tensor[, non_blocking])
+        ("aten.copy_.default", (_OnDevice(), torch.ones(2)), {}, "blocking host→device copy"),
+        ("aten.copy_.default", (_OnDevice(), torch.ones(2), True), {}, None),
+        # device→host stays flagged as before
+        ("aten._to_copy.default", (_OnDevice(),), {"non_blocking": False}, "device→host copy"),
+    ],
+)
+def test_sync_scan_classifies_copies_by_direction_and_blocking(
+    name: str, args: tuple[Any, ...], kwargs: dict[str, Any], expected: str | None
+) -> None:
+    from workbench.measure.syncscan import _sync_kind
+
+    func = type("Op", (), {"__str__": lambda self: name})()
+    to_host = name.startswith("aten._to_copy") and isinstance(args[0], _OnDevice)
+    out = torch.ones(2) if to_host else _OnDevice()
+    kind = _sync_kind(func, args, kwargs, out)
+    assert (kind is None) if expected is None else (kind is not None and kind.startswith(expected))

@@ -189,15 +189,46 @@ def _availability(name: str, value: Any, dev: torch.device) -> Availability:
     return probe(value, dev) if probe else ALWAYS
 
 
-def _amp(value: str, dev: torch.device) -> Availability:
+BF16_NATIVE_CAPABILITY = (8, 0)
+"""Ampere: the first NVIDIA generation whose tensor cores run bfloat16."""
+
+
+def bf16_availability(capability: tuple[int, int]) -> Availability:
+    """bf16 on a CUDA device of this compute capability: offered only where the hardware runs it.
+
+    `torch.cuda.is_bf16_supported()` says True on V100/T4 too, because bf16 kernels *emulate*
+    there (fp32 math behind conversions): slower than fp16, so offering it would mislead.
+    """
+    if tuple(capability) >= BF16_NATIVE_CAPABILITY:
+        return ALWAYS
+    major, minor = capability
+    return Availability(
+        False,
+        f"this GPU is compute capability {major}.{minor}: bfloat16 is only emulated there (slower than fp16); "
+        "native bf16 needs 8.0+ (Ampere or newer); use fp16",
+    )
+
+
+def native_half_dtype(capability: tuple[int, int]) -> torch.dtype:
+    """The 16-bit float a CUDA device of this capability runs natively: bf16 from Ampere on, else fp16."""
     import torch
 
+    return torch.bfloat16 if bf16_availability(capability).available else torch.float16
+
+
+def _cuda_capability(dev: torch.device) -> tuple[int, int]:
+    """Compute capability of `dev` itself (not of the current device)."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(dev)
+    return int(major), int(minor)
+
+
+def _amp(value: str, dev: torch.device) -> Availability:
     if value == "fp32":
         return ALWAYS
     if dev.type == "cuda":
-        if value == "bf16" and not torch.cuda.is_bf16_supported():
-            return Availability(False, "this GPU has no bfloat16 support (needs compute capability 8.0+); use amp=fp16")
-        return ALWAYS
+        return bf16_availability(_cuda_capability(dev)) if value == "bf16" else ALWAYS
     if value == "fp16":
         return Availability(True, "runs on CPU, but CPUs without fp16 matrix units (no AMX-FP16) are slower than fp32")
     return ALWAYS
@@ -290,9 +321,9 @@ def _attention_backend(value: str, dev: torch.device) -> Availability:
         "flash": SDPBackend.FLASH_ATTENTION,
         "cudnn": SDPBackend.CUDNN_ATTENTION,
     }[value]
-    dtype = torch.float32
-    if dev.type == "cuda":
-        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    # Probed in a dtype the device runs natively: emulated bf16 on a pre-Ampere GPU would mark
+    # backends unavailable that run in fp16 there.
+    dtype = native_half_dtype(_cuda_capability(dev)) if dev.type == "cuda" else torch.float32
     q = torch.randn(1, 2, 16, 64, device=dev, dtype=dtype)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -301,7 +332,8 @@ def _attention_backend(value: str, dev: torch.device) -> Availability:
                 F.scaled_dot_product_attention(q, q, q)
         except RuntimeError:
             why = "; ".join(_first_line(w.message) for w in caught) or "PyTorch has no such kernel for this device"
-            return Availability(False, f"the {value} SDPA kernel cannot run on {dev.type}: {why}")
+            dtype_name = str(dtype).removeprefix("torch.")
+            return Availability(False, f"the {value} SDPA kernel cannot run on {dev.type} in {dtype_name}: {why}")
     return ALWAYS
 
 
@@ -375,10 +407,8 @@ def _comm_hook(value: str, dev: torch.device) -> Availability:
 
 
 def _fsdp_param_dtype(value: str, dev: torch.device) -> Availability:
-    import torch
-
-    if value == "bf16" and dev.type == "cuda" and not torch.cuda.is_bf16_supported():
-        return Availability(False, "this GPU has no bfloat16 support (needs compute capability 8.0+)")
+    if value == "bf16" and dev.type == "cuda":
+        return bf16_availability(_cuda_capability(dev))
     return ALWAYS
 
 

@@ -4,16 +4,20 @@ The step runs on *fake* CPU tensors (shapes, dtypes and aliasing, no data; a fak
 device crashes CPU builds of torch) under the same MemTracker wrapper that measures real
 trials, so the figure is the tensor-level peak of a steady step: parameters, gradients,
 optimizer state, activations and temporaries. For a CUDA device the CUDA caching
-allocator's rounding (every block a multiple of 512 bytes) is applied per storage and its
-cuBLAS workspaces are added, which is what `torch.cuda.max_memory_allocated` counts. Not
-modelled: fragmentation (reserved > allocated), the CUDA context, and what compile/CUDA
-graphs change — those are named in each estimate's notes.
+allocator's block sizes are applied per storage (512-byte rounding, and a large segment
+left whole when splitting would leave <= 1 MiB) and its cuBLAS workspaces are added, which
+is what `torch.cuda.max_memory_allocated` counts. What depends on allocation history, the
+PyTorch version or its environment is carried as `error_bound_bytes`. Not modelled:
+fragmentation (reserved > allocated), the CUDA context, and what compile/CUDA graphs
+change — those are named in each estimate's notes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -26,14 +30,28 @@ from workbench.workloads import Workload, load_workload
 if TYPE_CHECKING:
     from workbench.optimizations.build import TrainStep
 
-#: CUDA caching allocator: block sizes are multiples of this (c10/cuda/CUDACachingAllocator.cpp kMinBlockSize).
+# The CUDA caching allocator's constants (c10/cuda/CUDACachingAllocator.cpp):
+#: kMinBlockSize: every block is a multiple of 512 bytes.
 CUDA_MIN_BLOCK = 512
-#: cuBLAS workspace per (handle, stream), from the caching allocator (aten/src/ATen/cuda/CublasHandlePool.cpp):
-#: 32 MiB on Hopper (sm90), else 4096 KiB * 2 + 16 KiB * 8.
+#: kSmallSize: requests up to 1 MiB come from the small pool; a large-pool block is split only
+#: when more than this would remain (should_split), else the whole block is handed out and counted.
+CUDA_SMALL_SIZE = 1 << 20
+#: kMinLargeAlloc: a request from here up gets a segment of its own (smaller ones share 20 MiB ones)...
+CUDA_MIN_LARGE_ALLOC = 10 << 20
+#: kRoundLarge: ...rounded up to a multiple of 2 MiB.
+CUDA_ROUND_LARGE = 2 << 20
+#: cuBLAS workspace per (handle, stream), from the caching allocator (aten/src/ATen/cuda/CublasHandlePool.cpp,
+#: parseChosenWorkspaceSize): 32 MiB on Hopper and Blackwell, else ":4096:2:16:8" (4096 KiB * 2 + 16 KiB * 8);
+#: CUBLAS_WORKSPACE_CONFIG=":SIZE_KIB:COUNT..." replaces either.
 CUBLAS_WORKSPACE_HOPPER = 4096 * 8 * 1024
 CUBLAS_WORKSPACE_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8
+#: cuBLASLt's own workspace (CUBLASLT_WORKSPACE_SIZE, KiB; 1024 by default): a separate allocation in
+#: some PyTorch versions, carved from the cuBLAS one in others — carried in the error bound.
+CUBLASLT_WORKSPACE_DEFAULT_KIB = 1024
 #: Forward runs on the caller's thread, backward on autograd's device thread: two cuBLAS handles.
 CUBLAS_HANDLES = 2
+#: Device names whose default cuBLAS workspace is 32 MiB (compute capability 9.x, 10.x, 12.x).
+_LARGE_WORKSPACE_PARTS = ("H100", "H200", "GH200", "H800", "H20", "B100", "B200", "GB200", "B300", "RTX 50", "RTX PRO")
 #: Share of a GPU's memory a step may plan to allocate: the CUDA context, fragmentation
 #: (reserved > allocated) and other processes need the rest.
 DEFAULT_USABLE_FRACTION = 0.9
@@ -52,6 +70,9 @@ class MemoryEstimate:
     device_memory_bytes: int | None
     modules: dict[str, dict[str, int]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    error_bound_bytes: int = 0
+    """The real peak may differ from `peak_bytes` by up to this (CUDA): allocator block reuse
+    (<= 1 MiB per large tensor) and the cuBLAS workspaces' dependence on version and environment."""
 
     @property
     def fits(self) -> bool | None:
@@ -110,11 +131,32 @@ class BatchSizeSearch:
 # --- the allocator model -------------------------------------------------------------------
 
 
-def cuda_block_bytes(nbytes: int) -> int:
-    """What the CUDA caching allocator hands out for a request of `nbytes` (0 stays 0)."""
+def cuda_block_bytes(nbytes: int, *, expandable_segments: bool | None = None) -> int:
+    """What the CUDA caching allocator counts as allocated for a request of `nbytes` (0 stays 0).
+
+    Every request is rounded up to 512 bytes. One of 10 MiB or more gets its own segment,
+    rounded up to 2 MiB, and the allocator splits the rest off only when more than 1 MiB
+    would remain; otherwise the whole segment is the block, and `max_memory_allocated`
+    counts all of it (11 MiB → 12 MiB). In a steady step each size reuses its own block, so
+    this holds; a block of another size reused instead can add or save up to 1 MiB (see
+    `error_bound_bytes`). With expandable segments blocks are split down to 512 bytes.
+    """
     if nbytes <= 0:
         return 0
-    return max(CUDA_MIN_BLOCK, math.ceil(nbytes / CUDA_MIN_BLOCK) * CUDA_MIN_BLOCK)
+    rounded = max(CUDA_MIN_BLOCK, math.ceil(nbytes / CUDA_MIN_BLOCK) * CUDA_MIN_BLOCK)
+    if expandable_segments is None:
+        expandable_segments = expandable_segments_configured()
+    if expandable_segments or rounded < CUDA_MIN_LARGE_ALLOC:
+        return rounded
+    segment = math.ceil(rounded / CUDA_ROUND_LARGE) * CUDA_ROUND_LARGE
+    return segment if segment - rounded <= CUDA_SMALL_SIZE else rounded
+
+
+def expandable_segments_configured(env: dict[str, str] | None = None) -> bool:
+    """Whether PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_ALLOC_CONF) turns expandable segments on."""
+    env = dict(os.environ) if env is None else env
+    conf = env.get("PYTORCH_CUDA_ALLOC_CONF") or env.get("PYTORCH_ALLOC_CONF") or ""
+    return bool(re.search(r"expandable_segments\s*:\s*true", conf, flags=re.IGNORECASE))
 
 
 def is_cuda_device_name(device_name: str) -> bool:
@@ -122,10 +164,36 @@ def is_cuda_device_name(device_name: str) -> bool:
     return name not in ("cpu", "host") and not name.startswith("cpu")
 
 
-def cuda_workspace_bytes(device_name: str) -> int:
+def cublas_workspace_bytes(device_name: str, env: dict[str, str] | None = None) -> int:
+    """One cuBLAS handle's workspace: CUBLAS_WORKSPACE_CONFIG when set, else PyTorch's default for the part."""
+    env = dict(os.environ) if env is None else env
+    pairs = re.findall(r":([0-9]+):([0-9]+)", env.get("CUBLAS_WORKSPACE_CONFIG", ""))
+    if pairs:
+        return sum(int(size_kib) * 1024 * int(count) for size_kib, count in pairs)
+    large = any(part in device_name.upper() for part in _LARGE_WORKSPACE_PARTS)
+    return CUBLAS_WORKSPACE_HOPPER if large else CUBLAS_WORKSPACE_DEFAULT
+
+
+def cuda_workspace_bytes(device_name: str, env: dict[str, str] | None = None) -> int:
     """cuBLAS workspaces a training step leaves allocated (they count in max_memory_allocated)."""
-    hopper = any(tag in device_name.upper() for tag in ("H100", "H200", "GH200", "H800", "H20"))
-    return CUBLAS_HANDLES * (CUBLAS_WORKSPACE_HOPPER if hopper else CUBLAS_WORKSPACE_DEFAULT)
+    return CUBLAS_HANDLES * cublas_workspace_bytes(device_name, env)
+
+
+def cublaslt_workspace_bytes(env: dict[str, str] | None = None) -> int:
+    env = dict(os.environ) if env is None else env
+    value = env.get("CUBLASLT_WORKSPACE_SIZE", "")
+    return (int(value) if value.isdigit() else CUBLASLT_WORKSPACE_DEFAULT_KIB) * 1024
+
+
+def workspace_error_bytes(device_name: str, env: dict[str, str] | None = None) -> int:
+    """How far the modelled workspaces may be off, whichever PyTorch version runs the step.
+
+    Up: versions that keep cuBLASLt's workspace apart add one per handle. Down: versions
+    that allocate the cuBLAS workspace per call (no TORCH_CUBLAS_WORKSPACE_CACHE) hold at
+    most one, and only while a matmul runs; versions before Blackwell's 32 MiB default give
+    those parts the small default.
+    """
+    return max(CUBLAS_HANDLES * cublaslt_workspace_bytes(env), cuda_workspace_bytes(device_name, env))
 
 
 def device_memory_bytes(device_name: str) -> int | None:
@@ -227,8 +295,8 @@ class FakeStep:
         self.step, self.fake_mode, self.make_batch, self.notes = step, fake_mode, make_batch, notes
         self.default_batch_size = step.workload.effective_batch_size(step.config)
         self._warm = False
-        self._readings: dict[tuple[bool, int], Any] = {}
-        """(rounded for CUDA, batch size) → tracked reading: one fake step serves every device alike."""
+        self._readings: dict[tuple[bool, int], tuple[Any, int]] = {}
+        """(rounded for CUDA, batch size) → (tracked reading, tensors over 1 MiB): one fake step per size."""
 
     def run(self, batch_size: int) -> Any:
         """One optimizer step on fake micro-batches of `batch_size`."""
@@ -243,8 +311,16 @@ class FakeStep:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
         cuda = is_cuda_device_name(device_name)
-        reading = self._readings.get((cuda, batch_size))
-        if reading is None:
+        cached = self._readings.get((cuda, batch_size))
+        if cached is None:
+            large: list[int] = []
+            expandable = expandable_segments_configured()
+
+            def block_bytes(nbytes: int) -> int:
+                if nbytes > CUDA_SMALL_SIZE:
+                    large.append(nbytes)
+                return cuda_block_bytes(nbytes, expandable_segments=expandable)
+
             with self.fake_mode:
                 if not self._warm:  # optimizer state exists from the first step on: measure a steady step
                     self.run(batch_size)
@@ -253,10 +329,21 @@ class FakeStep:
                     self.step.model,
                     self.step.optimizer,
                     lambda: self.run(batch_size),
-                    round_bytes=cuda_block_bytes if cuda else None,
+                    round_bytes=block_bytes if cuda else None,
                 )
-            self._readings[(cuda, batch_size)] = reading
+            cached = self._readings[(cuda, batch_size)] = (reading, len(large))
+        reading, large_count = cached
         workspace = cuda_workspace_bytes(device_name) if cuda else 0
+        # Every tensor over 1 MiB the step allocates may get a reused block up to 1 MiB off its own
+        # size (more than counts only those live at the peak, so this bounds it from above).
+        bound = large_count * CUDA_SMALL_SIZE + workspace_error_bytes(device_name) if cuda else 0
+        notes = list(self.notes)
+        if cuda:
+            notes.append(
+                f"error bound ±{bound / 2**20:.0f} MiB: up to 1 MiB per tensor over 1 MiB ({large_count} allocated "
+                f"in the step) where the allocator reuses a block of another size, and the cuBLAS/cuBLASLt "
+                "workspaces, whose size and lifetime depend on the PyTorch version and CUBLAS_WORKSPACE_CONFIG"
+            )
         return MemoryEstimate(
             device_name=device_name,
             batch_size=batch_size,
@@ -266,7 +353,8 @@ class FakeStep:
             workspace_bytes=workspace,
             device_memory_bytes=device_memory_bytes(device_name),
             modules=dict(reading.modules or {}),
-            notes=list(self.notes),
+            notes=notes,
+            error_bound_bytes=bound,
         )
 
     def max_batch_size(

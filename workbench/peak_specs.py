@@ -45,13 +45,20 @@ def _spec(
     )
 
 
-# Ordered: the first pattern that matches wins, so specific variants come before generic ones.
+# Ordered: the first pattern that matches wins, so every variant comes before the pattern its
+# name also contains ("H200 NVL" before "H200", "GH200" before "H200", "H100 NVL" before "H100").
+# Grace-Hopper parts carry an H100-class die with their own memory; "GB200" must not fall into B200.
 _TABLE: list[tuple[str, DeviceSpec]] = [
-    (r"B200", _spec("B200", 2250, 2250, 1100, 80, 8000, 192)),
+    # GB200: per GPU of the NVL72 datasheet (rack figures / 72).
+    (r"GB200", _spec("GB200", 2500, 2500, 1250, 80, 8000, 186)),
+    (r"\bB200", _spec("B200", 2250, 2250, 1100, 80, 8000, 192)),
+    (r"GH200.*(144|HBM3e)", _spec("GH200 144GB", 989.4, 989.4, 494.7, 66.9, 4900, 144)),
+    (r"GH200", _spec("GH200 96GB", 989.4, 989.4, 494.7, 66.9, 4000, 96)),
+    (r"H200.*NVL", _spec("H200 NVL", 835.5, 835.5, 417.5, 60, 4800, 141)),
     (r"H200", _spec("H200 SXM", 989.4, 989.4, 494.7, 66.9, 4800, 141)),
     (r"H100.*NVL", _spec("H100 NVL", 835.5, 835.5, 417.8, 60, 3900, 94)),
     (r"H100.*PCIe", _spec("H100 PCIe", 756.5, 756.5, 378, 51.2, 2000, 80)),
-    (r"H100|GH200", _spec("H100 SXM", 989.4, 989.4, 494.7, 66.9, 3350, 80)),
+    (r"H100", _spec("H100 SXM", 989.4, 989.4, 494.7, 66.9, 3350, 80)),
     (r"A100.*(PCIE|PCIe).*40", _spec("A100 PCIe 40GB", 312, 312, 156, 19.5, 1555, 40)),
     (r"A100.*(PCIE|PCIe)", _spec("A100 PCIe 80GB", 312, 312, 156, 19.5, 1935, 80)),
     (r"A100.*40", _spec("A100 SXM 40GB", 312, 312, 156, 19.5, 1555, 40)),

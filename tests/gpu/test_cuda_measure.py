@@ -12,6 +12,8 @@ import torch
 from torch import nn
 
 from workbench.config import TrainConfig
+from workbench.measure import StepMeasured, TrialFinished, TrialRequest, TrialResult
+from workbench.measure.trial import run_trial_inline
 from workbench.trials import run_trial
 from workbench.workloads import Workload
 
@@ -65,13 +67,91 @@ def test_event_timed_median_matches_a_kernel_of_known_length() -> None:
     assert sum(v[0] for v in result.phase_ms.values()) == pytest.approx(result.step_ms[0], rel=0.05)
 
 
-def test_timed_window_never_synchronizes_implicitly() -> None:
-    torch.cuda.set_sync_debug_mode("error")
+class SyncErrorsInTimedWindow:
+    """An event sink that turns CUDA sync-debug mode to 'error' for the timed window only.
+
+    The mode is per process, so the trial must run inline here (a spawned worker never sees
+    it); warm-up is left out, because building the model copies weights with blocking copies.
+    It turns on at the last warm-up step's event and off at the last timed step's, which
+    arrives after the window's one deliberate `torch.cuda.synchronize` (not a checked op).
+    """
+
+    def __init__(self, warmup: int, steps: int) -> None:
+        self.warmup, self.steps = warmup, steps
+
+    def __call__(self, event: object) -> None:
+        last_warmup = isinstance(event, StepMeasured) and not event.timed and event.step == self.warmup - 1
+        last_timed = isinstance(event, StepMeasured) and event.step == self.warmup + self.steps - 1
+        if last_warmup:
+            torch.cuda.set_sync_debug_mode("error")
+        elif last_timed or isinstance(event, TrialFinished):
+            torch.cuda.set_sync_debug_mode("default")
+
+
+def _inline_trial(workload: Workload | str, config: TrainConfig, warmup: int = 2, steps: int = 5) -> TrialResult:
     try:
-        result = run_trial("bev-perception", TrainConfig(), steps=5, warmup=1, device="cuda")
+        request = TrialRequest(workload, config, warmup=warmup, steps=steps, device="cuda", isolation="inline")
+        return run_trial_inline(request, on_event=SyncErrorsInTimedWindow(warmup, steps))
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("pin_memory", [False, True])
+def test_timed_window_never_synchronizes_implicitly(pin_memory: bool) -> None:
+    result = _inline_trial("bev-perception", TrainConfig(pin_memory=pin_memory))
     assert result.status == "ok", result.message
+    assert len(result.step_ms) == 5
+
+
+class ReadsALossValue(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.linear(x)
+        if out.mean().item() > 1e9:  # a host read of a device value: syncs every step
+            out = out * 0
+        return out
+
+
+def test_the_timed_window_check_catches_a_sync() -> None:
+    """The check above can fail: a model that calls .item() ends in the sync-debug error."""
+    workload = Workload.from_callables(
+        model_fn=ReadsALossValue,
+        batch_fn=lambda n, g: (torch.randn(n, 16, generator=g), torch.randn(n, 1, generator=g)),
+        loss_fn=lambda out, batch: nn.functional.mse_loss(out, batch[1]),
+        batch_size=8,
+    )
+    result = _inline_trial(workload, TrainConfig())
+    assert result.status == "error" and "synchronizing CUDA operation" in result.message
+
+
+class CopiesAConstantIn(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = torch.full((1,), 0.5).to(x.device)  # blocking host→device copy
+        return self.linear(x) + bias
+
+
+def test_sync_scan_names_a_blocking_host_to_device_copy_and_not_the_batch_copy() -> None:
+    from workbench.measure.syncscan import scan_syncs
+    from workbench.optimizations import build
+
+    workload = Workload.from_callables(
+        model_fn=CopiesAConstantIn,
+        batch_fn=lambda n, g: (torch.randn(n, 16, generator=g), torch.randn(n, 1, generator=g)),
+        loss_fn=lambda out, batch: nn.functional.mse_loss(out, batch[1]),
+        batch_size=8,
+    )
+    step = build(workload, TrainConfig(), "cuda")
+    batches = iter(workload.batches(TrainConfig()))
+    found = scan_syncs(lambda: step([step.prepare_batch(next(batches))]), "cuda")
+    copies = [site for site in found["sites"] if "host→device" in site["op"]]
+    assert len(copies) == 1 and "torch.full((1,), 0.5).to(x.device)" in copies[0]["code"], found
 
 
 def test_peak_memory_comes_from_the_allocator_and_covers_the_model_state() -> None:

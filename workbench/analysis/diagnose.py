@@ -199,6 +199,7 @@ def _context(result: TrialResult) -> recommend.Context:
         phase_ms=result.phase_medians_ms(),
         batch_size=result.batch_size,
         optimizer_impl=resolved_optimizer_impl(result.applied) or "",
+        sync_sites=list(((result.profile or {}).get("syncs") or {}).get("sites") or []),
     )
 
 

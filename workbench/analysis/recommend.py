@@ -68,6 +68,8 @@ class Context:
     batch_size: int = 0
     optimizer_impl: str = ""
     """The optimizer implementation the trial ran (optimizer_impl='default' resolved); '' if unrecorded."""
+    sync_sites: list[dict[str, Any]] = field(default_factory=list)
+    """Host-synchronizing calls the profile's sync scan found in one step ({op, source, code, ...})."""
 
     def available(self, name: str, value: Any) -> bool:
         table = self.capabilities.get(name)
@@ -145,12 +147,7 @@ def for_overhead(ctx: Context, optimizer_share: float) -> list[Recommendation]:
         "ops instead of ~10 ops per parameter",
         "a for-loop optimizer launches one small op per parameter and per update term",
     )
-    graphs = Recommendation(
-        "Capture the step in a CUDA graph",
-        {"cuda_graphs": True},
-        "launch cost drops to one graph launch per step; the GPU no longer waits between kernels",
-        "the CPU cannot launch small kernels as fast as the GPU runs them",
-    )
+    graphs = _cuda_graphs_or_its_blocker(ctx.sync_sites)
     reduce = Recommendation(
         "Compile with mode=reduce-overhead",
         {"compile": "reduce-overhead"},
@@ -172,6 +169,34 @@ def for_overhead(ctx: Context, optimizer_share: float) -> list[Recommendation]:
     if bigger is None:
         order = [r for r in order if r is not batch]
     return ctx.offer(order)
+
+
+def _cuda_graphs_or_its_blocker(sync_sites: list[dict[str, Any]]) -> Recommendation:
+    """CUDA graphs when the step is capturable; else the sync that makes capture fail, to remove first.
+
+    A host sync inside `torch.cuda.graph(...)` fails the capture ("operation not permitted when
+    stream is capturing"), so cuda_graphs=true would only turn the trial into an error.
+    """
+    if not sync_sites:
+        return Recommendation(
+            "Capture the step in a CUDA graph",
+            {"cuda_graphs": True},
+            "launch cost drops to one graph launch per step; the GPU no longer waits between kernels",
+            "the CPU cannot launch small kernels as fast as the GPU runs them",
+        )
+    first = max(sync_sites, key=lambda site: site.get("count", 0))
+    what = first.get("code") or first.get("op", "a host read")
+    via = f" (via {first['via']})" if first.get("via") else ""
+    if "grad_scaler" in str(first.get("via", "")):
+        via += ", fp16's GradScaler inf check: amp=bf16 needs none"
+    others = f", and {len(sync_sites) - 1} other sync site(s)" if len(sync_sites) > 1 else ""
+    return Recommendation(
+        f"Remove the host sync at {first.get('source', '?')} first, then capture the step in a CUDA graph",
+        {},
+        "once the step never waits for the device it can be captured: one graph launch per step",
+        f"`{what}`{via} makes the host wait for the device ({first.get('op', 'sync')}){others}; "
+        "a sync cannot be captured, so cuda_graphs=true would fail at capture until it is gone",
+    )
 
 
 def for_syncs(ctx: Context, sites: list[dict[str, Any]]) -> list[Recommendation]:

@@ -321,13 +321,11 @@ class _NvmlReader:
 
     def _nvlink(self, index: int, handle: Any) -> tuple[float | None, float | None]:
         """NVLink data counters are cumulative KiB: the rate is the difference between two reads."""
-        nv = self._nvml
-        fields = [nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX]
-        values = self._call(nv.nvmlDeviceGetFieldValues, handle, fields)
-        if values is None or any(v.nvmlReturn != nv.NVML_SUCCESS for v in values):
+        totals = self._nvlink_totals_kib(handle)
+        if totals is None:
             return None, None
         now = time.monotonic()
-        tx, rx = (float(v.value.ullVal) * 1024.0 for v in values)
+        tx, rx = totals[0] * 1024.0, totals[1] * 1024.0
         last = self._nvlink_last.get(index)
         self._nvlink_last[index] = (now, tx, rx)
         if last is None or now <= last[0]:
@@ -335,11 +333,44 @@ class _NvmlReader:
         dt = now - last[0]
         return max(0.0, (tx - last[1]) / dt), max(0.0, (rx - last[2]) / dt)
 
+    def _nvlink_totals_kib(self, handle: Any) -> tuple[float, float] | None:
+        """(tx, rx) KiB over all links: the aggregate scope, or the per-link sum where it is refused."""
+        nv = self._nvml
+        values = self._call(nv.nvmlDeviceGetFieldValues, handle, nvlink_field_request(nv))
+        if values is not None and all(v.nvmlReturn == nv.NVML_SUCCESS for v in values):
+            return float(values[0].value.ullVal), float(values[1].value.ullVal)
+        links = self._call(nv.nvmlDeviceGetFieldValues, handle, nvlink_field_request(nv, per_link=True))
+        if links is None:
+            return None
+        sums = {nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: 0.0, nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: 0.0}
+        answered = False
+        for value in links:  # links a part does not have answer NOT_SUPPORTED / INVALID_ARGUMENT
+            if value.nvmlReturn == nv.NVML_SUCCESS:
+                sums[value.fieldId] += float(value.value.ullVal)
+                answered = True
+        if not answered:
+            return None
+        return sums[nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX], sums[nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX]
+
     def _call(self, fn: Any, *args: Any) -> Any:
         try:
             return fn(*args)
         except self._nvml.NVMLError:  # NOT_SUPPORTED on this GPU, or a GPU that fell off the bus
             return None
+
+
+#: NVML's scopeId for "all links summed" on the NVLink throughput fields (nvml.h: "A scopeId of
+#: UINT_MAX returns aggregate value summed up across all links"); a bare field id means scope 0,
+#: link 0 only, which on an 18-link H100/H200 is about 1/18 of the traffic.
+NVML_SCOPE_ALL_LINKS = 0xFFFFFFFF
+
+
+def nvlink_field_request(nv: Any, *, per_link: bool = False) -> list[tuple[int, int]]:
+    """(fieldId, scopeId) pairs for `nvmlDeviceGetFieldValues`: TX then RX, over all links."""
+    fields = [nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX]
+    if not per_link:
+        return [(field, NVML_SCOPE_ALL_LINKS) for field in fields]
+    return [(field, link) for field in fields for link in range(nv.NVML_NVLINK_MAX_LINKS)]
 
 
 def _float(value: Any) -> float | None:

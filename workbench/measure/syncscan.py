@@ -1,10 +1,12 @@
 """Find the calls that make the host wait for the device, with the Python line that made each.
 
-`.item()`, `float(t)`, `bool(t)`, a blocking device→host copy and `nonzero` all stop the
-host until the GPU catches up, which empties the launch queue. A TorchDispatchMode over
-one step sees every such op on any device (on CPU they cost nothing, but the same line
-stalls a GPU), and the Python stack at that moment names the line to change. The scan runs
-on its own step, outside the profiled window, because a Python dispatch mode slows every op.
+`.item()`, `float(t)`, `bool(t)`, a blocking copy either way between host and device
+(`.to("cuda")` from host memory without `non_blocking=True` waits for the stream too) and
+`nonzero` all stop the host until the GPU catches up, which empties the launch queue. A
+TorchDispatchMode over one step sees every such op on any device (on CPU they cost nothing,
+but the same line stalls a GPU), and the Python stack at that moment names the line to
+change. The scan runs on its own step, outside the profiled window, because a Python dispatch
+mode slows every op.
 """
 
 from __future__ import annotations
@@ -85,9 +87,15 @@ def _sync_kind(func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> str | 
         non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
     else:
         return None
-    # A non-blocking copy (into pinned memory) does not wait; a blocking one waits for the device.
-    if _device_type(dst) == "cpu" and _device_type(src) not in (None, "cpu") and not non_blocking:
+    # A non-blocking copy does not wait; a blocking one synchronizes the stream (ATen's
+    # memcpy_and_sync), host→device included.
+    if non_blocking:
+        return None
+    src_type, dst_type = _device_type(src), _device_type(dst)
+    if dst_type == "cpu" and src_type not in (None, "cpu"):
         return "device→host copy"
+    if src_type == "cpu" and dst_type not in (None, "cpu", "meta"):
+        return "blocking host→device copy (use non_blocking=True)"
     return None
 
 

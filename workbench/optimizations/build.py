@@ -1,8 +1,9 @@
 """`build()`: turn a Workload and a TrainConfig into a `TrainStep`, applying toggles in one order.
 
 Each toggle lives in its own module; this file only decides the order and records what was
-applied. The step itself never synchronizes with the host, so the measurement layer can time
-it with CUDA events.
+applied. Batches reach the device with non-blocking copies and the step reads nothing back,
+so with default settings neither makes the host wait (fp16's GradScaler check and the user's
+own `.item()` calls still do; the sync scan names them) and CUDA events can time it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from workbench.optimizations.attention import apply_attention_backend
 from workbench.optimizations.checkpointing import apply_activation_checkpointing
 from workbench.optimizations.compile import apply_compile
 from workbench.optimizations.cuda_graphs import CudaGraphStep, apply_cuda_graphs
-from workbench.optimizations.distributed import apply_data_parallel
+from workbench.optimizations.distributed import apply_data_parallel, grads_stay_bucket_views
 from workbench.optimizations.memory_format import apply_channels_last, to_channels_last
 from workbench.optimizations.optimizer import apply_optimizer
 from workbench.optimizations.precision import apply_fp32_precision
@@ -105,8 +106,8 @@ class TrainStep:
 
     `model` is what runs (an OptimizedModule under compile); `base_model` is the eager module
     underneath, whose `state_dict` keys are the model's own. The returned loss stays on the
-    device: reading it is the caller's choice, and the only host sync in the step is
-    fp16's GradScaler inf check (without a fused optimizer).
+    device: reading it is the caller's choice. The step itself adds one host sync only under
+    fp16 (GradScaler's inf check, without a fused optimizer); anything else is the model's.
     """
 
     def __init__(
@@ -128,10 +129,18 @@ class TrainStep:
         self.applied = applied
         self._autocast, self._precision, self._attention = autocast, precision, attention
         self.graphed: CudaGraphStep | None = None
+        # Gradients are dropped each step (backward allocates them only as needed), except where
+        # they are DDP bucket views, which must survive to save the copy.
+        self.grads_to_none = not grads_stay_bucket_views(config)
 
     def prepare_batch(self, batch: Batch) -> Batch:
-        """Move a batch to the device (asynchronously from pinned memory) in the model's layout."""
-        batch = move_batch(batch, self.device, non_blocking=self.config.pin_memory)
+        """Move a batch to the device in the model's layout, without making the host wait.
+
+        A blocking host→device copy synchronizes the stream every step. Non-blocking is correct
+        from pageable memory too: CUDA stages a pageable source before the call returns, so the
+        batch may be freed or reused at once (pinned memory also lets the DMA overlap compute).
+        """
+        batch = move_batch(batch, self.device, non_blocking=self.device.type == "cuda")
         return to_channels_last(batch) if self.config.channels_last else batch
 
     def __call__(self, micro_batches: Sequence[Batch], mark: Mark | None = None) -> torch.Tensor:
@@ -156,7 +165,7 @@ class TrainStep:
         count = len(micro_batches)
         total: torch.Tensor | None = None
         with _entered(self._precision):
-            self.optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad(set_to_none=self.grads_to_none)
             for batch in micro_batches:
                 # The SDPA backend must hold for backward too: its backward kernel matches its forward.
                 with _entered(self._attention):

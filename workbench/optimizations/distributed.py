@@ -44,6 +44,17 @@ def apply_data_parallel(
     raise ConfigError(f"strategy={config.strategy!r} is not a data-parallel strategy; use ddp or fsdp2")
 
 
+def grads_stay_bucket_views(config: TrainConfig) -> bool:
+    """Whether `zero_grad` must zero gradients in place (set_to_none=False) rather than drop them.
+
+    With gradient_as_bucket_view each `.grad` *is* a view into DDP's all-reduce bucket. Set to
+    None, backward allocates a fresh gradient every step and the reducer copies it into the
+    bucket before re-pointing `.grad` at the view: the memory and the copy the option saves
+    come back (PyTorch's Reducer handles "users may set grad to be None" with exactly that copy).
+    """
+    return config.strategy == "ddp" and config.ddp_gradient_as_bucket_view
+
+
 def apply_ddp(model: nn.Module, config: TrainConfig, device: torch.device) -> tuple[nn.Module, Applied]:
     """DistributedDataParallel with the config's bucket size, bucket views, static graph and hook."""
     import torch.distributed as dist
@@ -67,6 +78,11 @@ def apply_ddp(model: nn.Module, config: TrainConfig, device: torch.device) -> tu
         f"; gradient_as_bucket_view={config.ddp_gradient_as_bucket_view}, static_graph={config.ddp_static_graph}"
         f"; {hook_text}"
     )
+    if grads_stay_bucket_views(config):
+        detail += (
+            "; zero_grad(set_to_none=False): gradients stay views into the buckets between steps "
+            "(None would allocate fresh ones and copy them in every step)"
+        )
     return wrapped, Applied("strategy", "ddp", detail)
 
 
