@@ -177,3 +177,41 @@ def test_gpu_toggles_run_as_trials(overrides: str) -> None:
     result = run_trial(workload, TrainConfig().with_overrides(overrides), steps=5, warmup=3, device="cuda")
     assert result.status == "ok", result.message
     assert result.losses[-1] < result.losses[0] * 1.5
+
+
+class Activations(nn.Module):
+    """Holds ~64 MiB of activations for backward: a peak the model state alone cannot explain."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(*(nn.Linear(1024, 1024) for _ in range(8)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+def test_a_cuda_graph_trial_counts_the_memory_its_capture_allocated() -> None:
+    """Replays allocate nothing: a peak reset after warm-up would miss the graph's private pool
+    and show cuda_graphs as a memory saving. The eager trial is the independent truth."""
+    workload = Workload.from_callables(
+        model_fn=Activations,
+        batch_fn=lambda n, g: (torch.randn(n, 1024, generator=g), torch.randn(n, 1024, generator=g)),
+        loss_fn=lambda out, batch: nn.functional.mse_loss(out, batch[1]),
+        batch_size=2048,
+    )
+    eager = run_trial(workload, TrainConfig(), steps=3, device="cuda")
+    graphed = run_trial(workload, TrainConfig(cuda_graphs=True), steps=3, device="cuda")
+    assert eager.ok and graphed.ok, (eager.message, graphed.message)
+    assert graphed.peak_memory_bytes >= 0.8 * eager.peak_memory_bytes, (
+        graphed.peak_memory_bytes,
+        eager.peak_memory_bytes,
+    )
+    assert "capture" in graphed.memory_method
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_a_trial_on_the_second_gpu_captures_and_times_there() -> None:
+    """cuda:1 must be the current device for the whole trial (graph capture stream, synchronize)."""
+    result = run_trial(spinner_workload(), TrainConfig(cuda_graphs=True), steps=5, device="cuda:1")
+    assert result.ok, result.message
+    assert result.median_step_ms == pytest.approx(_spin_ms(), rel=0.25)
