@@ -7,9 +7,12 @@ Runs `run_comparison` at the protocol's defaults, N times each:
   it lands in the step) sized to slow the step by `--slowdown` (default 10%). Target: called
   "slower" at least 9 in 10; the interval should cover the true ratio, base ÷ (base + cost),
   computed from the comparison's own baseline step time.
-Also prints seconds per comparison (target ≤ 60 s) and the noise each comparison reported.
+Also prints seconds per comparison (target ≤ 60 s), the noise each comparison reported, the
+half-width the A/A comparisons reached and, from it, the time ±3% would take (half-widths shrink
+as 1/√rounds, so seconds × (half-width / 0.03)²: an extrapolation, labelled as one). `--design`
+compares the paired and the processes designs at the same budget.
 
-    .venv/bin/python benchmarks/calibration.py [--n 10] [--slowdown 0.10]
+    .venv/bin/python benchmarks/calibration.py [--n 10] [--slowdown 0.10] [--design paired|processes]
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ def main() -> None:
     parser.add_argument("--slowdown", type=float, default=0.10, help="injected slowdown (default 0.10 = 10%%)")
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--budget", type=float, default=Protocol.budget_s)
+    parser.add_argument("--design", default="auto", choices=("auto", "paired", "processes"))
     args = parser.parse_args()
-    protocol = Protocol(budget_s=args.budget)
+    protocol = Protocol(budget_s=args.budget, design=args.design)
     base = TrainConfig()
     probe = run_trial(WORKLOAD, base, steps=10, preset=args.preset)
     batch = probe.samples_per_step
@@ -57,6 +61,12 @@ def main() -> None:
     print(f"A/B {args.slowdown:.0%} slowdown called slower: {caught}/{args.n} (target >= {args.n - args.n // 10}); "
           f"interval covers the true ratio: {covered}/{args.n}")  # fmt: skip
     print(f"seconds per comparison: median {statistics.median(seconds):.1f}, max {max(seconds):.1f} (target <= 60)")
+    widths = [r["half_width"] for r in aa if r["half_width"] is not None]
+    if widths:
+        width = statistics.median(widths)
+        to_3 = statistics.median(r["seconds"] for r in aa) * (width / 0.03) ** 2
+        print(f"design {aa[0]['design']}: A/A half-width reached median ±{width:.1%}; time to ±3% extrapolated "
+              f"{to_3:.0f} s")  # fmt: skip
     print(f"rounds per comparison: median {statistics.median(r['rounds'] for r in aa + ab):.0f}; host busy (other "
           f"cores) median {statistics.median(r['other'] or 0.0 for r in aa + ab):.2f}")  # fmt: skip
 
@@ -71,7 +81,8 @@ def _one(base: TrainConfig, cand: TrainConfig, protocol: Protocol, preset: str, 
     truth = base_ms / (base_ms + batch * cost_ms) if base_ms else 1.0
     covers = row.speedup_ci is not None and row.speedup_ci[0] <= truth <= row.speedup_ci[1]
     return {"verdict": row.verdict, "speedup": row.speedup, "ci": row.speedup_ci, "truth": truth, "covers": covers,
-            "seconds": seconds, "rounds": comp.rounds, "other": comp.noise.host_other_cores}  # fmt: skip
+            "seconds": seconds, "rounds": comp.rounds, "other": comp.noise.host_other_cores,
+            "half_width": row.half_width, "design": comp.design}  # fmt: skip
 
 
 def _fmt(r: dict) -> str:
