@@ -303,7 +303,10 @@ def _read_memory(train_step: TrainStep, batches: Iterator[Any], config: TrainCon
     def extra_step() -> None:
         one_step(train_step, batches, config, clock=None)
 
-    return track_step_memory(train_step.model, train_step.optimizer, extra_step)
+    try:
+        return track_step_memory(train_step.model, train_step.optimizer, extra_step)
+    except Exception as exc:  # an optional reading: its failure must not discard the measured steps
+        return MemoryReading(None, f"not measured: the CPU tensor tracker failed ({type(exc).__name__}: {exc})")
 
 
 def _profile_after_window(
