@@ -145,7 +145,7 @@ def _capabilities_cached(device_str: str) -> dict[str, dict[Any, Availability]]:
         caps[name] = dict.fromkeys(field_choices(name) or (), ALWAYS)
     # World sizes are integers, not choices: list the usual ones for a control to offer.
     caps["nproc_per_node"] = {n: world_size_availability(n, dev) for n in WORLD_SIZES_SHOWN}
-    caps["intra_op_threads"] = _thread_counts(os.cpu_count() or 1)
+    caps["intra_op_threads"] = _thread_counts(device_info("cpu").cpu_cores)
     return caps
 
 
