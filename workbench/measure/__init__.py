@@ -1,5 +1,6 @@
 """Measured training windows: `run_trial`, its events and its result."""
 
+from workbench.measure.compile_cache import cold_compile
 from workbench.measure.events import (
     Event,
     EventSink,
@@ -21,6 +22,7 @@ __all__ = [
     "TrialFinished",
     "TrialResult",
     "TrialStarted",
+    "cold_compile",
     "event_to_dict",
     "run_trial",
 ]

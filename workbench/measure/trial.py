@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 from workbench.config import ConfigError, TrainConfig
+from workbench.measure.compile_cache import cache_counts, cache_state
 from workbench.measure.events import EventSink, StepMeasured, TrialFinished, TrialStarted
 from workbench.measure.memory import MemoryReading, read_cuda_peak, reset_cuda_peak, track_step_memory
 from workbench.measure.profile import ProfileOptions
@@ -60,7 +61,8 @@ def run_trial(
 
     isolation='process' (default) runs the trial in a fresh spawned worker: a crash, an
     out-of-memory, a hang (no event for `timeout_s`) or `cancel.set()` ends the worker, never
-    the caller, and each trial starts with clean allocator and compile caches. 'inline'
+    the caller, and each trial starts with a clean allocator and in-memory compile caches (Inductor's
+    disk cache is shared: `result.compile_cache` says cold or warm, see `compile_cache.py`). 'inline'
     runs in this process, for debugging; it cannot enforce `timeout_s` or a memory limit.
     `memory_limit_bytes` caps the worker's address space (CPU out-of-memory → status 'oom').
     `profile=True` (or `ProfileOptions`) adds a torch.profiler window *after* the timed window
@@ -158,9 +160,11 @@ def run_trial_inline(
     started = time.perf_counter()
     try:
         _check_cancel(cancel)
+        cache_before = cache_counts() if config.compile != "off" else None
         train_step = build(wl, config, dev)
         result.applied = [{"toggle": a.toggle, "value": a.value, "detail": a.detail} for a in train_step.applied]
         _run_window(train_step, wl, config, result, emit, cancel, track_memory, ProfileOptions.coerce(profile))
+        result.compile_cache = cache_state(cache_before) if cache_before is not None else None
     except (ConfigError, WorkloadError):
         raise
     except TrialCancelled:

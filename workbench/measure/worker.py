@@ -1,8 +1,9 @@
 """Run a trial in a fresh worker process and stream its events back.
 
 Why a process per trial: a crash, an out-of-memory or a hang in the user's model must
-end the worker, never the notebook kernel; and every trial must start with clean
-allocator and compile caches, so memory and compile figures are honest. The worker is a
+end the worker, never the notebook kernel; and every trial must start with a clean
+allocator and in-memory compile caches, so memory and compile figures are honest (the disk
+cache is reported as cold/warm, or made empty on request: `compile_cache.py`). The worker is a
 fresh interpreter (`measure.child`), so any script works, guarded by `__main__` or not.
 Workloads travel with cloudpickle (so a class defined in a notebook cell works); built-ins
 and 'module:attr' specs are rebuilt by name in the worker.
@@ -56,13 +57,18 @@ def run_in_worker(
         options["profile"] = profile.to_dict()
 
     from workbench.measure.child import ChildProcess
+    from workbench.measure.compile_cache import fresh_cache_environment
 
-    # The `finally` below ends the worker (and the DataLoader workers it started) whatever happens.
-    child = ChildProcess(_worker_main, payload, config.to_dict(), options, memory_limit_bytes=memory_limit_bytes)
-    try:
-        return _follow(child, child.inbox, on_event, cancel, timeout_s, workload_name(workload), config)
-    finally:
-        child.stop()
+    # The `finally` below ends the worker (and the DataLoader workers it started) whatever happens;
+    # an empty compile cache (WORKBENCH_COMPILE_CACHE=fresh) is removed only after that.
+    with fresh_cache_environment() as env:
+        child = ChildProcess(
+            _worker_main, payload, config.to_dict(), options, memory_limit_bytes=memory_limit_bytes, env=env
+        )
+        try:
+            return _follow(child, child.inbox, on_event, cancel, timeout_s, workload_name(workload), config)
+        finally:
+            child.stop()
 
 
 def workload_name(workload: Workload | str) -> str:
