@@ -287,3 +287,17 @@ def test_intra_op_threads_hold_for_the_step_are_recorded_and_restored() -> None:
 def test_intra_op_threads_must_be_a_positive_integer() -> None:
     with pytest.raises(ConfigError, match="intra_op_threads must be >= 1"):
         TrainConfig(intra_op_threads=0)
+
+
+def test_a_mapping_batch_like_a_tokenizers_batch_encoding_is_fed_and_moved_too() -> None:
+    from collections import UserDict
+
+    class BatchEncoding(UserDict):  # transformers' tokenizer output is a UserDict, not a dict
+        pass
+
+    workload = Workload.from_callables(
+        model_fn=TinyLM, batch_fn=lambda n, gen: BatchEncoding(token_batch(n, gen)), batch_size=2
+    )
+    result = run_trial(workload, TrainConfig(), **WINDOW)
+    assert result.status == "ok", result.message
+    assert workload.samples_in(next(workload.batches(TrainConfig()))) == 2

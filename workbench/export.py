@@ -173,7 +173,7 @@ def to_snippet(config: TrainConfig, *, device: str = "cuda") -> str:
     if config.cuda_graphs and not device.startswith("cuda"):
         raise ConfigError(f"cuda_graphs=true needs a CUDA device; export it with device='cuda', not {device!r}")
     snippet = _Snippet(imports={"import torch", "from torch import nn"})
-    snippet.imports.add("from collections.abc import Callable, Sequence")
+    snippet.imports.add("from collections.abc import Callable, Mapping, Sequence")
     snippet.constants += [f"DEVICE = torch.device({_q(device)})", f"SEED = {config.seed}"]
     snippet.constants.append(f"GRAD_ACCUMULATION = {config.grad_accumulation}  # micro-batches per optimizer step")
     if config.batch_size is not None:
@@ -664,7 +664,7 @@ _BATCH_HELPERS = [
     \"\"\"Apply fn to every tensor of a nested batch (tensors, tuples, lists, dicts).\"\"\"
     if isinstance(batch, torch.Tensor):
         return fn(batch)
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         return {key: map_tensors(value, fn) for key, value in batch.items()}
     if isinstance(batch, (tuple, list)):
         items = [map_tensors(value, fn) for value in batch]
@@ -683,7 +683,7 @@ _BATCH_HELPERS = [
     """def forward(model: nn.Module, batch: Batch) -> Any:
     \"\"\"model(**batch) for a dict, model(batch[0]) for an (inputs, targets, ...)
     tuple, model(batch) for a tensor. For anything else, pass your own forward_fn.\"\"\"
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         return model(**batch)
     if isinstance(batch, (tuple, list)):
         return model(batch[0])
@@ -691,7 +691,7 @@ _BATCH_HELPERS = [
     """def output_loss(output: Any, batch: Batch) -> torch.Tensor:
     \"\"\"The model's own loss, output.loss or output["loss"]: the default loss_fn (Hugging
     Face models given labels return one).\"\"\"
-    if isinstance(output, dict):
+    if isinstance(output, Mapping):
         loss = output.get("loss")
     else:
         loss = getattr(output, "loss", None)

@@ -7,7 +7,7 @@ one type; `from_callables` adapts any ordinary `nn.Module` training setup.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -36,7 +36,7 @@ def default_forward(model: nn.Module, batch: Batch) -> Any:
 
     if isinstance(batch, torch.Tensor):
         return model(batch)
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         return model(**batch)
     if isinstance(batch, (tuple, list)) and batch:
         return model(batch[0])
@@ -49,7 +49,7 @@ def default_forward(model: nn.Module, batch: Batch) -> Any:
 def output_loss(output: Any, batch: Batch) -> torch.Tensor:
     """The loss a model computed itself: `output.loss` or `output["loss"]` (Hugging Face models
     given `labels` return one). The default when no `loss_fn` is given."""
-    loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
     if loss is None:
         raise WorkloadError(
             f"the model's output ({type(output).__name__}) has no 'loss' attribute or key, and no loss_fn was "
@@ -256,7 +256,7 @@ def move_batch(batch: Batch, device: torch.device | str, non_blocking: bool = Fa
 
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         return {k: move_batch(v, device, non_blocking) for k, v in batch.items()}
     if isinstance(batch, (list, tuple)):
         moved = [move_batch(v, device, non_blocking) for v in batch]
@@ -270,7 +270,7 @@ def map_tensors(batch: Batch, fn: Callable[[torch.Tensor], torch.Tensor]) -> Bat
 
     if isinstance(batch, torch.Tensor):
         return fn(batch)
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         return {k: map_tensors(v, fn) for k, v in batch.items()}
     if isinstance(batch, (list, tuple)):
         mapped = [map_tensors(v, fn) for v in batch]
@@ -283,7 +283,7 @@ def _first_tensor(batch: Batch) -> torch.Tensor | None:
 
     if isinstance(batch, torch.Tensor):
         return batch
-    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else ()
     for value in values:
         found = _first_tensor(value)
         if found is not None:
