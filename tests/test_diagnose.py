@@ -327,3 +327,35 @@ def test_a_sync_bound_distributed_trial_is_diagnosed_with_ddp_recommendations() 
     assert first.apply(config).ddp_bucket_cap_mb == 5.0
     balanced = TrialResult(**{**result.__dict__, "distributed": {**result.distributed, "comm_share": 0.05}})
     assert not [f for f in diagnose(balanced).findings if f.kind == "distributed"]
+
+
+# --- CPU oversubscription: intra-op threads x processes against the cores --------------------
+
+
+def _cpu_result(threads: int, cores: int, **config: Any) -> TrialResult:
+    return TrialResult(
+        trial_id="t", status="ok", workload="w", config=TrainConfig(**config).to_dict(),
+        device={"type": "cpu", "name": "cpu", "cpu_cores": cores}, step_ms=[50.0] * 5,
+        phase_ms={"data": [1.0] * 5}, batch_size=8,
+        applied=[{"toggle": "intra_op_threads", "value": threads, "detail": ""}],
+    )  # fmt: skip
+
+
+def test_threads_times_processes_above_the_cores_is_oversubscription_with_a_thread_count_that_fits() -> None:
+    finding = next(f for f in diagnose(_cpu_result(2, cores=2, num_workers=2)).findings if f.kind == "threads")
+    assert finding.severity == "bottleneck"
+    assert finding.evidence == {"intra_op_threads": 2, "processes": 1, "loader_workers": 2, "cpu_cores": 2}
+    assert "4 busy threads on 2 core(s)" in finding.summary
+    assert finding.recommendations[0].changes == {"intra_op_threads": 1}
+    ranks = next(
+        f for f in diagnose(_cpu_result(8, cores=16, strategy="ddp", nproc_per_node=4)).findings if f.kind == "threads"
+    )
+    assert ranks.evidence["processes"] == 4 and ranks.recommendations[0].changes == {"intra_op_threads": 4}
+
+
+def test_threads_within_the_cores_and_unrecorded_threads_give_no_finding() -> None:
+    assert "threads" not in diagnose(_cpu_result(2, cores=2)).kinds()
+    assert "threads" not in diagnose(_cpu_result(1, cores=2, num_workers=1)).kinds()
+    unrecorded = _cpu_result(4, cores=2)
+    unrecorded.applied = []
+    assert "threads" not in diagnose(unrecorded).kinds()

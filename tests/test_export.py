@@ -71,6 +71,11 @@ class UserNet(nn.Module):
         return self.head(f.mean(1))
 
 
+def mse_on_targets(output: torch.Tensor, batch: Any) -> torch.Tensor:
+    """loss_fn(output, batch), the workloads' convention, for an (inputs, targets) batch."""
+    return F.mse_loss(output, batch[1])
+
+
 def make_dataset(n: int = 64) -> TensorDataset:
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(n, 3, 8, 8, generator=generator)
@@ -143,7 +148,7 @@ class Run:
         return [next(self._data) for _ in range(self.ns["GRAD_ACCUMULATION"])]
 
     def step(self, batches: list[Any] | None = None) -> torch.Tensor:
-        loss = self.ns["train_step"](self.model, self.optimizer, batches or self.next_batches(), F.mse_loss)
+        loss = self.ns["train_step"](self.model, self.optimizer, batches or self.next_batches(), mse_on_targets)
         self.losses.append(float(loss))
         return loss
 
@@ -196,9 +201,9 @@ def test_the_default_snippet_keeps_pytorchs_defaults_and_writes_out_the_device_d
     ran = next(a.value for a in measured.applied if a.toggle == "optimizer").split("/")[1]
     run = Run(load(TrainConfig(), tmp_path), UserNet())
     assert run.optimizer.param_groups[0]["foreach"] is (ran == "foreach")
-    flags = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
+    flags = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32, torch.get_num_threads())
     assert {a.toggle: a.value for a in measured.applied if a.toggle != "optimizer"} == dict(
-        zip(("matmul_precision", "cudnn_tf32"), flags)
+        zip(("matmul_precision", "cudnn_tf32", "intra_op_threads"), flags)
     )
 
 
@@ -328,7 +333,7 @@ def test_the_usage_example_runs_as_written(config: TrainConfig, tmp_path: Path) 
     usage = code.split("# Usage, with your model, dataset and loss function:\n")[1].split("\n\n")[0]
     example = textwrap.dedent("\n".join(line[1:] for line in usage.splitlines()))
     ns = load(config, tmp_path)
-    ns.update(MyModel=UserNet, my_dataset=DATASET, loss_fn=F.mse_loss, num_epochs=2)
+    ns.update(MyModel=UserNet, my_dataset=DATASET, loss_fn=mse_on_targets, num_epochs=2)
     exec(example.replace('"MyBlock"', '"Block"'), ns)
     assert torch.isfinite(ns["loss"]) and isinstance(ns["model"], UserNet)
 
@@ -508,3 +513,89 @@ def test_export_config_dispatches_and_names_the_formats() -> None:
     with pytest.raises(ConfigError, match="snippet, json, command"):
         export_config(config, "yaml")
     assert FORMATS == ("snippet", "json", "command")
+
+
+# --- batches that are not (inputs, targets): Hugging Face dicts, DETR's per-image labels --------------
+
+
+class DictBatchLM(nn.Module):
+    """Shaped like a Hugging Face model: keyword inputs, labels in, an output object with .loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.head = nn.Embedding(30, 16), nn.Linear(16, 30)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> Any:
+        logits = self.head(self.embed(input_ids) * attention_mask.unsqueeze(-1))
+        return type("Output", (), {"loss": F.cross_entropy(logits.flatten(0, 1), labels.flatten()), "logits": logits})
+
+
+class TokenDataset(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        ids = (torch.arange(8) * (index + 1)) % 30
+        return {"input_ids": ids, "attention_mask": torch.ones(8), "labels": ids}
+
+
+@pytest.mark.parametrize("config", [TrainConfig(), TrainConfig(amp="bf16", grad_accumulation=2)], ids=str)
+def test_a_dict_batch_model_with_its_own_loss_runs_as_pasted(config: TrainConfig, tmp_path: Path) -> None:
+    ns = load(config, tmp_path)
+    model = ns["optimize_model"](DictBatchLM())
+    optimizer = ns["make_optimizer"](model)
+    data = itertools.cycle(ns["make_loader"](TokenDataset(), batch_size=4))
+    losses = [
+        float(ns["train_step"](model, optimizer, [next(data) for _ in range(ns["GRAD_ACCUMULATION"])]))
+        for _ in range(12)
+    ]
+    assert losses[0] == pytest.approx(float(torch.log(torch.tensor(30.0))), abs=0.6)  # the model's own loss
+    assert sum(losses[-3:]) < sum(losses[:3])
+
+
+class BoxNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.boxes = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 4 * 3)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.boxes(self.conv(images).mean((2, 3))).view(-1, 3, 4)  # 3 box queries per image
+
+
+class DetectionDataset(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        generator = torch.Generator().manual_seed(index)
+        count = 1 + index % 3  # a different number of objects per image
+        return torch.randn(3, 8, 8, generator=generator), {"boxes": torch.rand(count, 4, generator=generator)}
+
+
+def detection_collate(samples: list[Any]) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
+    return torch.stack([image for image, _ in samples]), [labels for _, labels in samples]
+
+
+def matched_box_loss(output: torch.Tensor, batch: Any) -> torch.Tensor:
+    """DETR-style: match each target to its nearest query by reading the cost matrix back."""
+    total = output.new_zeros(())
+    for queries, labels in zip(output, batch[1], strict=True):
+        cost = torch.cdist(labels["boxes"], queries.detach())
+        picked = cost.argmin(dim=1).tolist()
+        total = total + F.l1_loss(queries[picked], labels["boxes"])
+    return total / len(batch[1])
+
+
+def test_a_detection_batch_with_per_image_labels_runs_as_pasted(tmp_path: Path) -> None:
+    ns = load(TrainConfig(channels_last=True), tmp_path)
+    model = ns["optimize_model"](BoxNet())
+    optimizer = ns["make_optimizer"](model)
+    loader = ns["make_loader"](DetectionDataset(), batch_size=4, collate_fn=detection_collate)
+    losses = [float(ns["train_step"](model, optimizer, [batch], matched_box_loss)) for batch in loader]
+    assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))
+
+
+def test_the_snippet_sets_the_measured_intra_op_threads(tmp_path: Path) -> None:
+    assert "set_num_threads" not in to_snippet(TrainConfig(), device="cpu")
+    load(TrainConfig(intra_op_threads=2), tmp_path)
+    assert torch.get_num_threads() == 2  # the autouse fixture restores the count afterwards

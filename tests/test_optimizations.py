@@ -144,7 +144,7 @@ def forward_loss(step: TrainStep, batch: Any) -> torch.Tensor:
 
 def test_default_build_records_the_optimizer_and_precision_and_seeds_the_model() -> None:
     step, _ = make()
-    assert [a.toggle for a in step.applied] == ["optimizer", "matmul_precision", "cudnn_tf32"]
+    assert [a.toggle for a in step.applied] == ["optimizer", "matmul_precision", "cudnn_tf32", "intra_op_threads"]
     assert isinstance(step.applied[0], Applied) and "AdamW" in step.applied[0].detail
     assert "no effect on cpu" in step.applied[2].detail
     again, _ = make()
@@ -159,7 +159,13 @@ def test_mark_order_and_detached_device_loss() -> None:
     marks: list[str] = []
     loss = one_step(step, batches, marks.append)
     assert marks == ["forward", "backward", "forward", "backward", "optimizer"]
-    assert [a.toggle for a in step.applied] == ["optimizer", "grad_accumulation", "matmul_precision", "cudnn_tf32"]
+    assert [a.toggle for a in step.applied] == [
+        "optimizer",
+        "grad_accumulation",
+        "matmul_precision",
+        "cudnn_tf32",
+        "intra_op_threads",
+    ]
     assert loss.dim() == 0 and not loss.requires_grad and loss.device == CPU and loss.dtype == torch.float32
     with pytest.raises(ValueError, match="expected 2 micro-batches"):
         step([step.prepare_batch(next(batches))])

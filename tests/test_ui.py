@@ -404,3 +404,14 @@ def test_per_rank_step_times_of_a_distributed_trial_are_listed() -> None:
     text = render_ranks(result)
     assert "<td>1</td><td>node0</td><td>150.0</td>" in text  # the straggler's median shows
     assert render_ranks(TrialResult(trial_id="s", status="ok", workload="w", config={})) == ""
+
+
+def test_the_history_tab_lists_a_trial_as_soon_as_it_finishes(make_app) -> None:
+    app = make_app(steps=2)
+    before = {row.id for row in app.history.rows}
+    app.run_baseline_button.click()
+    app.wait(timeout=180)
+    assert [r.status for r in app.records] == ["ok"]
+    new = [row for row in app.history.rows if row.id not in before]  # no Refresh clicked
+    assert [row.trial_id for row in new] == [app.records[0].result.trial_id]
+    assert new[0].id in {value for _, value in app.history.runs.options}

@@ -113,6 +113,11 @@ class TrainConfig:
     seed: int = 0
     """Seed for model initialisation and data: equal seeds give equal batches and losses."""
 
+    intra_op_threads: int | None = None
+    """CPU threads one operator may use (`torch.set_num_threads`) during the step; None keeps what
+    PyTorch picks (the cores it sees). On a shared or small host, threads × processes above the
+    cores slows every step down; the resolved count is recorded with every result."""
+
     strategy: Strategy = "none"
     """Data parallelism: 'none' (one process), 'ddp' (DistributedDataParallel: every rank holds the
     whole model, gradients are all-reduced in buckets during backward) or 'fsdp2' (fully_shard:
@@ -394,6 +399,7 @@ def _check_numbers(cfg: TrainConfig) -> None:
     _check_int("num_workers", cfg.num_workers, 0)
     _check_int("prefetch_factor", cfg.prefetch_factor, 1, allow_none=True)
     _check_int("seed", cfg.seed, 0)
+    _check_int("intra_op_threads", cfg.intra_op_threads, 1, allow_none=True)
     _check_int("nproc_per_node", cfg.nproc_per_node, 1)
     _check_int("nnodes", cfg.nnodes, 1)
     cap = cfg.ddp_bucket_cap_mb

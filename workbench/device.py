@@ -145,7 +145,17 @@ def _capabilities_cached(device_str: str) -> dict[str, dict[Any, Availability]]:
         caps[name] = dict.fromkeys(field_choices(name) or (), ALWAYS)
     # World sizes are integers, not choices: list the usual ones for a control to offer.
     caps["nproc_per_node"] = {n: world_size_availability(n, dev) for n in WORLD_SIZES_SHOWN}
+    caps["intra_op_threads"] = _thread_counts(device_info("cpu").cpu_cores)
     return caps
+
+
+def _thread_counts(cores: int) -> dict[int | None, Availability]:
+    """Intra-op thread counts worth trying here (a search space for the tuner, choices for the app):
+    PyTorch's own pick, powers of two below the cores, and the cores. More is allowed, never useful."""
+    counts = sorted({*(2**k for k in range(cores.bit_length()) if 2**k < cores), cores})
+    table: dict[int | None, Availability] = {None: Availability(True, "PyTorch's default: the cores it sees")}
+    table.update(dict.fromkeys(counts, ALWAYS))
+    return table
 
 
 def check_config(config: TrainConfig, device: str | torch.device | None = None) -> None:

@@ -222,9 +222,14 @@ def estimate_memory(
     `device_name` is 'cpu' or a GPU name the peak table knows ('H100', 'NVIDIA H200', 'A100 80GB');
     `batch_size` overrides the config's. Runs in seconds on a CPU, whatever the batch size.
     """
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
     config = config or TrainConfig()
-    with fake_train_step(workload, config, preset=preset, cuda=is_cuda_device_name(device_name)) as fake:
-        return fake.estimate(device_name, batch_size or fake.default_batch_size)
+    try:
+        with fake_train_step(workload, config, preset=preset, cuda=is_cuda_device_name(device_name)) as fake:
+            return fake.estimate(device_name, batch_size or fake.default_batch_size)
+    except (DataDependentOutputException, DynamicOutputShapeException) as exc:
+        return _real_step_estimate(workload, config, device_name, batch_size, preset, reason=_data_dependent(exc))
 
 
 def max_batch_size(
@@ -241,9 +246,70 @@ def max_batch_size(
     The default budget is `DEFAULT_USABLE_FRACTION` of the device's memory from the peak table.
     One model is built; every probe is a fake step (see `FakeStep.max_batch_size`).
     """
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
     cuda = is_cuda_device_name(device_name)
-    with fake_train_step(workload, config or TrainConfig(), preset=preset, cuda=cuda) as fake:
-        return fake.max_batch_size(device_name, memory_budget, limit=limit)
+    try:
+        with fake_train_step(workload, config or TrainConfig(), preset=preset, cuda=cuda) as fake:
+            return fake.max_batch_size(device_name, memory_budget, limit=limit)
+    except (DataDependentOutputException, DynamicOutputShapeException) as exc:
+        raise ConfigError(
+            f"cannot search the largest batch: {_data_dependent(exc)}, so it cannot run on fake tensors and "
+            "probing large batches for real would need their memory. Estimate given batch sizes instead "
+            "(estimate_memory / `workbench estimate --batch-size N` measure one real CPU step), or run trials"
+        ) from None
+
+
+def _data_dependent(exc: Exception) -> str:
+    op = str(exc).strip() or type(exc).__name__
+    return (
+        f"the step reads tensor values ({op}: .item(), .tolist() or a data-dependent shape, as a DETR-style "
+        "matcher in the loss does)"
+    )
+
+
+def _real_step_estimate(
+    workload: Workload | str, config: TrainConfig, device_name: str, batch_size: int | None, preset: str, reason: str
+) -> MemoryEstimate:
+    """The fallback for a step fake tensors cannot run: one real CPU step at the batch size, under
+    the same tracker (CUDA rounding applied per storage), after one untracked step for optimizer state."""
+    import torch
+
+    from workbench.measure.memory import track_step_memory
+    from workbench.optimizations.build import build
+
+    cuda = is_cuda_device_name(device_name)
+    wl = load_workload(workload, preset=preset, **config.extra) if isinstance(workload, str) else workload
+    cpu_config, notes = cpu_equivalent(config, cuda=cuda)
+    if batch_size is not None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+        cpu_config = cpu_config.replace(batch_size=batch_size)
+    rng = torch.get_rng_state()
+    try:
+        step = build(wl, cpu_config, "cpu")
+        batches = wl.batches(cpu_config)
+
+        def run() -> Any:
+            return step([step.prepare_batch(next(batches)) for _ in range(cpu_config.grad_accumulation)])
+
+        run()
+        reading = track_step_memory(step.model, step.optimizer, run, round_bytes=cuda_block_bytes if cuda else None)
+    finally:
+        torch.set_rng_state(rng)
+    workspace = cuda_workspace_bytes(device_name) if cuda else 0
+    peak = int(reading.peak_bytes or 0)
+    return MemoryEstimate(
+        device_name=device_name,
+        batch_size=wl.effective_batch_size(cpu_config),
+        peak_bytes=peak + workspace,
+        tensor_peak_bytes=None if cuda else peak,
+        breakdown=dict(reading.breakdown or {}),
+        workspace_bytes=workspace,
+        device_memory_bytes=device_memory_bytes(device_name),
+        modules=dict(reading.modules or {}),
+        notes=[f"measured on one real CPU step, not fake tensors: {reason}", *notes],
+    )
 
 
 def _search(fits: Callable[[int], bool], peak: dict[int, int], budget: int, limit: int) -> int:

@@ -173,7 +173,7 @@ def to_snippet(config: TrainConfig, *, device: str = "cuda") -> str:
     if config.cuda_graphs and not device.startswith("cuda"):
         raise ConfigError(f"cuda_graphs=true needs a CUDA device; export it with device='cuda', not {device!r}")
     snippet = _Snippet(imports={"import torch", "from torch import nn"})
-    snippet.imports.add("from collections.abc import Callable, Sequence")
+    snippet.imports.add("from collections.abc import Callable, Mapping, Sequence")
     snippet.constants += [f"DEVICE = torch.device({_q(device)})", f"SEED = {config.seed}"]
     snippet.constants.append(f"GRAD_ACCUMULATION = {config.grad_accumulation}  # micro-batches per optimizer step")
     if config.batch_size is not None:
@@ -183,11 +183,14 @@ def to_snippet(config: TrainConfig, *, device: str = "cuda") -> str:
             "# Modules to checkpoint: a class name, or an fnmatch glob over qualified names.",
             f"CHECKPOINT_TARGET = {_q(config.checkpoint_target)}",
         ]
+    snippet.imports.add("from typing import Any")
     snippet.constants += [
         "",
-        "# One micro-batch is an (inputs, targets) pair; adapt train_step if yours differ.",
-        "Batch = tuple[torch.Tensor, torch.Tensor]",
-        "LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]",
+        "# A micro-batch is a tensor, an (inputs, targets, ...) tuple or a dict of the model's",
+        "# keyword arguments (Hugging Face style), nested freely: the workbench's convention.",
+        "Batch = Any",
+        "LossFn = Callable[[Any, Batch], torch.Tensor]  # loss_fn(output, batch)",
+        "ForwardFn = Callable[[nn.Module, Batch], Any]  # forward_fn(model, batch)",
     ]
     _add_statements(snippet, config, device)
     if config.activation_checkpointing != "off":
@@ -196,6 +199,9 @@ def to_snippet(config: TrainConfig, *, device: str = "cuda") -> str:
     snippet.functions.append(_make_optimizer(config, device))
     snippet.imports.add("from torch.utils.data import DataLoader, Dataset")
     snippet.functions.append(_make_loader(config, device))
+    snippet.functions += _BATCH_HELPERS
+    if config.channels_last:
+        snippet.functions.append(_IMAGES_CHANNELS_LAST)
     if config.attention_backend != "auto":
         snippet.imports.add("from torch.nn.attention import SDPBackend, sdpa_kernel")
     snippet.functions.append(_train_step(config, device))
@@ -237,6 +243,7 @@ def _header(config: TrainConfig, device: str) -> list[str]:
     ]
     get = "[next(data) for _ in range(GRAD_ACCUMULATION)]"
     step = "train_step(model, optimizer, batches, loss_fn)"
+    lines.append("#     # loss_fn(output, batch); leave it out when the model returns its own loss")
     if config.cuda_graphs:
         lines += [
             "#     first = list(itertools.islice(loader, GRAD_ACCUMULATION))",
@@ -286,6 +293,7 @@ def _what(name: str, value: Any, config: TrainConfig) -> str:
         "prefetch_factor": "batches each loader worker loads ahead",
         "persistent_workers": "loader workers stay alive between epochs",
         "seed": "seed of the initial weights and the data order",
+        "intra_op_threads": f"{value} CPU thread(s) per operator (torch.set_num_threads)",
         "extra": "options of the workbench's workload; not part of the training step",
     }
     what = described.get(name)
@@ -325,6 +333,13 @@ def _add_statements(snippet: _Snippet, config: TrainConfig, device: str) -> None
             "(on NVIDIA GPUs from Ampere on; CPU convolutions never use it)."
         )
         snippet.statements.append("\n".join([*_comment(why, indent="# "), "torch.backends.cudnn.allow_tf32 = False"]))
+    if config.intra_op_threads is not None:
+        why = (
+            "The measured intra-op CPU thread count: with more threads than free cores (other "
+            "processes, loader workers) every operator waits for the slowest thread."
+        )
+        code = f"torch.set_num_threads({config.intra_op_threads})"
+        snippet.statements.append("\n".join([*_comment(why, indent="# "), code]))
     if config.amp == "fp16":
         snippet.statements.append(
             "# fp16 gradients underflow: GradScaler scales the loss up before backward, unscales\n"
@@ -496,7 +511,7 @@ def _make_optimizer(config: TrainConfig, device: str) -> str:
 def _make_loader(config: TrainConfig, device: str) -> str:
     """`make_loader`: DataLoader with the measured batch size and worker settings."""
     default = " = BATCH_SIZE" if config.batch_size is not None else ""
-    args = ["dataset", "batch_size=batch_size", "shuffle=True"]
+    args = ["dataset", "batch_size=batch_size", "shuffle=True", "collate_fn=collate_fn"]
     if config.compile != "off" or config.cuda_graphs:
         args.append("drop_last=True  # a short last batch would recompile/break the graph")
     if config.num_workers > 0:
@@ -508,8 +523,17 @@ def _make_loader(config: TrainConfig, device: str) -> str:
     if config.pin_memory and device.startswith("cuda"):
         args.append("pin_memory=True  # page-locked batches: asynchronous copies to the GPU")
     args.append("generator=torch.Generator().manual_seed(SEED)")
-    lines = [f"def make_loader(dataset: Dataset, batch_size: int{default}) -> DataLoader:"]
-    lines.append('    """Micro-batches with the measured loader settings, shuffled in SEED\'s order."""')
+    lines = [
+        "def make_loader(",
+        "    dataset: Dataset,",
+        f"    batch_size: int{default},",
+        "    collate_fn: Callable[[list[Any]], Batch] | None = None,",
+        ") -> DataLoader:",
+        '    """Micro-batches with the measured loader settings, shuffled in SEED\'s order.',
+        "",
+        "    collate_fn: as your own loader's (e.g. images stacked, per-image labels as a list).",
+        '    """',
+    ]
     return "\n".join([*lines, *_call("return DataLoader", args, indent=4, explode=True)])
 
 
@@ -520,7 +544,8 @@ def _train_step(config: TrainConfig, device: str) -> str:
         "    model: nn.Module,",
         "    optimizer: torch.optim.Optimizer,",
         "    batches: Sequence[Batch],",
-        "    loss_fn: LossFn,",
+        "    loss_fn: LossFn = output_loss,",
+        "    forward_fn: ForwardFn = forward,",
         ") -> torch.Tensor:",
         '    """One optimizer step over GRAD_ACCUMULATION micro-batches; returns their mean loss.',
         "",
@@ -528,21 +553,17 @@ def _train_step(config: TrainConfig, device: str) -> str:
         '    """',
         "    optimizer.zero_grad(set_to_none=True)",
         "    losses = []",
-        "    for inputs, targets in batches:",
+        "    for batch in batches:",
     ]
     if config.pin_memory and device.startswith("cuda"):
         lines += [
             "        # From pinned memory the copies run asynchronously, overlapping compute.",
-            "        inputs = inputs.to(DEVICE, non_blocking=True)",
-            "        targets = targets.to(DEVICE, non_blocking=True)",
+            "        batch = to_device(batch, non_blocking=True)",
         ]
     else:
-        lines.append("        inputs, targets = inputs.to(DEVICE), targets.to(DEVICE)")
+        lines.append("        batch = to_device(batch)")
     if config.channels_last:
-        lines += [
-            "        if inputs.dim() == 4:  # images in the weights' NHWC layout",
-            "            inputs = inputs.contiguous(memory_format=torch.channels_last)",
-        ]
+        lines.append("        batch = map_tensors(batch, images_channels_last)")
     indent = "        "
     if config.attention_backend != "auto":
         lines += [
@@ -550,7 +571,7 @@ def _train_step(config: TrainConfig, device: str) -> str:
             f"        with sdpa_kernel(SDPBackend.{_SDPA_BACKENDS[config.attention_backend]}):",
         ]
         indent += "    "
-    forward = f"{indent}loss = loss_fn(model(inputs), targets)"
+    forward = f"{indent}loss = loss_fn(forward_fn(model, batch), batch)"
     if config.amp != "fp32":
         autocast = f"torch.autocast(DEVICE.type, dtype={_DTYPES[config.amp]}"
         if config.cuda_graphs:
@@ -581,7 +602,7 @@ def _graphed_step(config: TrainConfig) -> str:
     warm_up = [
         "    with torch.cuda.stream(side_stream):",
         f"        for _ in range({_WARMUP_ITERS}):",
-        "            train_step(model, optimizer, static_batches, loss_fn)",
+        "            train_step(model, optimizer, static_batches, loss_fn, forward_fn)",
     ]
     if config.optimizer == "adamw":
         warm_up = [
@@ -595,7 +616,8 @@ def _graphed_step(config: TrainConfig) -> str:
         "    model: nn.Module,",
         "    optimizer: torch.optim.Optimizer,",
         "    example_batches: Sequence[Batch],",
-        "    loss_fn: LossFn,",
+        "    loss_fn: LossFn = output_loss,",
+        "    forward_fn: ForwardFn = forward,",
         ") -> Callable[[Sequence[Batch]], torch.Tensor]:",
         '    """Capture train_step once as a CUDA graph; the returned step(batches) replays it.',
         "",
@@ -604,10 +626,7 @@ def _graphed_step(config: TrainConfig) -> str:
         "    into the static inputs and one replay. Later batches need the example batches'",
         "    shapes, and the step must not synchronize with the host (.item(), print).",
         '    """',
-        "    static_batches = [",
-        "        (inputs.to(DEVICE, copy=True), targets.to(DEVICE, copy=True))",
-        "        for inputs, targets in example_batches",
-        "    ]",
+        "    static_batches = [to_device(batch, copy=True) for batch in example_batches]",
         "    # Lazy initialisation (optimizer state, cuBLAS handles, compilation) cannot be",
         "    # captured: run a few steps first. As in PyTorch's recipe, they really train.",
         "    side_stream = torch.cuda.Stream(DEVICE)",
@@ -618,11 +637,12 @@ def _graphed_step(config: TrainConfig) -> str:
         "    # gradients from the graph's private memory pool, where replays find them.",
         "    graph = torch.cuda.CUDAGraph()",
         "    with torch.cuda.graph(graph):",
-        "        static_loss = train_step(model, optimizer, static_batches, loss_fn)",
+        "        static_loss = train_step(model, optimizer, static_batches, loss_fn, forward_fn)",
         "",
         "    def graphed_step(batches: Sequence[Batch]) -> torch.Tensor:",
         "        for static, batch in zip(static_batches, batches, strict=True):",
-        "            for static_tensor, tensor in zip(static, batch, strict=True):",
+        "            pairs = zip(tensors_of(static), tensors_of(batch), strict=True)",
+        "            for static_tensor, tensor in pairs:",
         "                if tensor.shape != static_tensor.shape:",
         "                    raise ValueError(",
         '                        f"CUDA graph replay needs the captured shape "',
@@ -635,6 +655,56 @@ def _graphed_step(config: TrainConfig) -> str:
         "    return graphed_step",
     ]
     return "\n".join(lines)
+
+
+#: The batch conventions of `workbench.workloads.base`, in plain PyTorch: nested batches, the
+#: default forward (a dict batch is the model's keyword arguments) and the model's own loss.
+_BATCH_HELPERS = [
+    """def map_tensors(batch: Batch, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
+    \"\"\"Apply fn to every tensor of a nested batch (tensors, tuples, lists, dicts).\"\"\"
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, Mapping):
+        return {key: map_tensors(value, fn) for key, value in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        items = [map_tensors(value, fn) for value in batch]
+        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
+    return batch""",
+    """def tensors_of(batch: Batch) -> list[torch.Tensor]:
+    \"\"\"The tensors of a nested batch, in a fixed order.\"\"\"
+    found: list[torch.Tensor] = []
+    map_tensors(batch, lambda tensor: found.append(tensor) or tensor)
+    return found""",
+    """def to_device(batch: Batch, non_blocking: bool = False, copy: bool = False) -> Batch:
+    \"\"\"Every tensor of a nested batch on DEVICE.\"\"\"
+    return map_tensors(
+        batch, lambda tensor: tensor.to(DEVICE, non_blocking=non_blocking, copy=copy)
+    )""",
+    """def forward(model: nn.Module, batch: Batch) -> Any:
+    \"\"\"model(**batch) for a dict, model(batch[0]) for an (inputs, targets, ...)
+    tuple, model(batch) for a tensor. For anything else, pass your own forward_fn.\"\"\"
+    if isinstance(batch, Mapping):
+        return model(**batch)
+    if isinstance(batch, (tuple, list)):
+        return model(batch[0])
+    return model(batch)""",
+    """def output_loss(output: Any, batch: Batch) -> torch.Tensor:
+    \"\"\"The model's own loss, output.loss or output["loss"]: the default loss_fn (Hugging
+    Face models given labels return one).\"\"\"
+    if isinstance(output, Mapping):
+        loss = output.get("loss")
+    else:
+        loss = getattr(output, "loss", None)
+    if loss is None:
+        raise ValueError("the model returned no loss: pass loss_fn(output, batch)")
+    return loss""",
+]
+
+_IMAGES_CHANNELS_LAST = """def images_channels_last(tensor: torch.Tensor) -> torch.Tensor:
+    \"\"\"4-D floating tensors (images) in the weights' NHWC layout; others unchanged.\"\"\"
+    if tensor.dim() == 4 and tensor.is_floating_point():
+        return tensor.contiguous(memory_format=torch.channels_last)
+    return tensor"""
 
 
 # --- formatting helpers -------------------------------------------------------------

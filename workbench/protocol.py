@@ -424,8 +424,10 @@ def _spare_workers(request: TrialRequest, design: str, count: int) -> Iterator[N
     anything is measured (their start-ups share the CPUs instead of queueing); unused ones end
     with the comparison. Not for torchrun trials, nor a process-isolated request that is not."""
     from workbench.measure.child import prestart
+    from workbench.measure.compile_cache import fresh_cache_requested
 
-    if design == "paired" and request.isolation == "process":
+    # A fresh compile cache per trial needs its own environment, which a spare started earlier lacks.
+    if design == "paired" and request.isolation == "process" and not fresh_cache_requested():
         prestart(count)
     try:
         yield

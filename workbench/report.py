@@ -22,7 +22,8 @@ def run_summary(result: TrialResult) -> str:
         f"median step     {format_ms(result.median_step_ms)} ms  (IQR {format_ms(result.iqr_step_ms)} ms, {len(result.step_ms)} steps)",
         f"throughput      {result.throughput:.1f} samples/s" if result.throughput else "throughput      n/a",
         f"phases (median) {phases} ms",
-        f"first step      {result.time_to_first_step_s or 0:.2f} s  (compile/capture {result.compile_time_s:.2f} s)",
+        f"first step      {result.time_to_first_step_s or 0:.2f} s  (compile/capture {result.compile_time_s:.2f} s"
+        + (f", {result.compile_cache} compile cache)" if result.compile_cache else ")"),
         f"peak memory     {format_bytes(result.peak_memory_bytes)}  [{result.memory_method}]",
         f"loss            {result.losses[0]:.4f} -> {result.losses[-1]:.4f}"
         if result.losses

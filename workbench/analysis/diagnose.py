@@ -10,7 +10,8 @@ never a single absolute timing — because steps on a shared machine are noisy:
 - synchronization stalls: host-synchronizing calls per step, with their source lines;
 - memory-bandwidth vs compute: the kernel-time mix (matmul/conv/attention vs the rest), and
   MFU where the device has a peak in the table;
-- memory: the peak against the device's memory.
+- memory: the peak against the device's memory;
+- CPU oversubscription: intra-op threads x processes (ranks, loader workers) above the cores.
 
 A finding is a 'bottleneck' (something to fix) or 'info' (a compute-bound step is where a
 well-balanced step should be; its recommendations make the compute itself faster).
@@ -27,7 +28,7 @@ from workbench.analysis.recommend import Recommendation
 from workbench.config import TrainConfig, resolved_optimizer_impl
 from workbench.measure.result import TrialResult
 
-Kind = Literal["data", "overhead", "sync", "compute", "memory-bandwidth", "memory", "distributed"]
+Kind = Literal["data", "overhead", "sync", "compute", "memory-bandwidth", "memory", "distributed", "threads"]
 Severity = Literal["bottleneck", "info"]
 
 #: Data phase share of the step above which loading is the bottleneck (a quarter of every step idle).
@@ -144,6 +145,7 @@ def diagnose(result: TrialResult, flops: FlopCount | int | None = None) -> Diagn
         _overhead(ctx, profile, phases),
         _syncs(ctx, profile),
         _memory(ctx, result),
+        _oversubscribed(ctx, result),
         *_kernels(ctx, profile, mfu, phases),
         *_distributed(result),
     ]
@@ -343,6 +345,37 @@ def _memory(ctx: recommend.Context, result: TrialResult) -> Finding | None:
         evidence={"peak_bytes": peak, "device_bytes": total, "share": share, "breakdown": result.memory_breakdown},
         score=share - MEMORY_SHARE,
         recommendations=recommend.for_memory(ctx),
+    )
+
+
+def _oversubscribed(ctx: recommend.Context, result: TrialResult) -> Finding | None:
+    """More runnable threads than cores: every operator's threads wait for the slowest one, and
+    step times swing with whatever else runs (57 ms to 2.4 s for one ViT step seen on 2 cores)."""
+    from workbench.optimizations.threads import resolved_intra_op_threads
+
+    threads = resolved_intra_op_threads(result.applied)
+    if threads is None:
+        return None
+    processes = ctx.config.nproc_per_node if ctx.config.strategy != "none" else 1  # ranks sharing this host
+    loaders = ctx.config.num_workers * processes  # PyTorch runs each loader worker on one thread
+    demand = threads * processes + loaders
+    if demand <= ctx.cpu_cores:
+        return None
+    fit = max(1, ctx.cpu_cores // processes - ctx.config.num_workers)
+    return Finding(
+        kind="threads",
+        severity="bottleneck" if ctx.device_type == "cpu" else "info",
+        title="CPU oversubscribed",
+        summary=f"{threads} intra-op thread(s) x {processes} process(es) + {loaders} loader worker(s) = {demand} "
+        f"busy threads on {ctx.cpu_cores} core(s)",
+        evidence={
+            "intra_op_threads": threads,
+            "processes": processes,
+            "loader_workers": loaders,
+            "cpu_cores": ctx.cpu_cores,
+        },
+        score=0.5 * (1.0 - ctx.cpu_cores / demand),
+        recommendations=recommend.for_threads(ctx, fit, demand),
     )
 
 

@@ -131,6 +131,19 @@ def for_data(ctx: Context, data_ms: float) -> list[Recommendation]:
     return ctx.offer(recs)
 
 
+def for_threads(ctx: Context, fit: int, demand: int) -> list[Recommendation]:
+    return ctx.offer(
+        [
+            Recommendation(
+                f"Use {fit} intra-op thread(s) per process",
+                {"intra_op_threads": fit},
+                f"{demand} busy threads shrink to at most {ctx.cpu_cores}: steadier steps, often faster ones",
+                "threads beyond the cores time-share them, and an operator waits for its slowest thread",
+            )
+        ]
+    )
+
+
 def for_overhead(ctx: Context, optimizer_share: float) -> list[Recommendation]:
     bigger = ctx.batch_size * 4 if ctx.batch_size else None
     batch = Recommendation(

@@ -1,5 +1,6 @@
 """Measured training windows: the request, the events, the result (`workbench.trials.run_trial` runs one)."""
 
+from workbench.measure.compile_cache import cold_compile
 from workbench.measure.events import (
     Event,
     EventSink,
@@ -22,5 +23,6 @@ __all__ = [
     "TrialRequest",
     "TrialResult",
     "TrialStarted",
+    "cold_compile",
     "event_to_dict",
 ]

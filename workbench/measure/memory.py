@@ -78,6 +78,7 @@ def track_step_memory(
     """
     tracker = _mem_tracker_class()()
     try:
+        _skip_grad_hooks_on_frozen(tracker, model)
         with _allocation_rounding(round_bytes):  # before track_external: parameters are sized there
             tracker.track_external(model, optimizer)
             with tracker, warnings.catch_warnings():
@@ -94,6 +95,25 @@ def track_step_memory(
     reading = _reading_from_snapshot(snapshot)
     reading.modules = modules
     return reading
+
+
+class _NoHook:
+    """Stands in for the gradient-hook handles MemTracker keeps per parameter (it calls `remove()`)."""
+
+    def remove(self) -> None:
+        pass
+
+
+def _skip_grad_hooks_on_frozen(tracker: Any, model: Any) -> None:
+    """Frozen parameters (a frozen backbone, LoRA) are counted as parameters, with no gradient.
+
+    MemTracker registers a gradient hook on every parameter it meets, which raises for one that
+    does not require grad; marking those as already hooked makes it skip just the hook.
+    """
+    handles = tracker._param_to_grad_hook_handles
+    for param in model.parameters():
+        if not param.requires_grad:
+            handles[param] = (_NoHook(), _NoHook())
 
 
 @contextlib.contextmanager

@@ -54,6 +54,9 @@ class TrialResult:
     time_to_first_step_s: float | None = None
     compile_time_s: float = 0.0
     """First-step time beyond a steady step when compile or CUDA graphs is on; 0 otherwise."""
+    compile_cache: str | None = None
+    """What the compile found in Inductor's on-disk cache: 'cold', 'warm' or 'partly warm (...)';
+    None when nothing was compiled through it. A warm compile is far faster than a cold one."""
     started_at: float = 0.0
     wall_time_s: float = 0.0
     diverged_step: int | None = None

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from workbench.config import ConfigError, TrainConfig
+from workbench.measure.compile_cache import cache_counts, cache_state
 from workbench.measure.events import EventSink, TrialFinished, TrialStarted
 from workbench.measure.memory import track_step_memory
 from workbench.measure.profile import ProfileOptions
@@ -76,6 +77,7 @@ def run_trial_inline(
     started = time.perf_counter()
     try:
         _check_cancel(cancel)
+        cache_before = cache_counts() if config.compile != "off" else None
         train_step = build(wl, config, dev)
         result.applied = [{"toggle": a.toggle, "value": a.value, "detail": a.detail} for a in train_step.applied]
         batches = wl.batches(config)
@@ -86,6 +88,7 @@ def run_trial_inline(
         if request.profile is not None and result.status == "ok":
             _check_cancel(cancel)
             _profile_after_window(train_step, batches, config, result, request.profile)
+        result.compile_cache = cache_state(cache_before) if cache_before is not None else None
     except (ConfigError, WorkloadError):
         raise
     except TrialCancelled:
@@ -126,7 +129,11 @@ def _read_host_memory(train_step: TrainStep, batches: Iterator[Any], result: Tri
             "not measured: the CPU tensor tracker cannot follow several micro-batches a step (grad_accumulation > 1)"
         )
         return
-    reading = track_step_memory(train_step.model, train_step.optimizer, lambda: one_step(train_step, batches))
+    try:
+        reading = track_step_memory(train_step.model, train_step.optimizer, lambda: one_step(train_step, batches))
+    except Exception as exc:  # an optional reading: its failure must not discard the measured steps
+        result.memory_method = f"not measured: the CPU tensor tracker failed ({type(exc).__name__}: {exc})"
+        return
     result.peak_memory_bytes, result.memory_method = reading.peak_bytes, reading.method
     result.memory_breakdown, result.memory_modules = reading.breakdown, reading.modules
 

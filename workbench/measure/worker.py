@@ -1,8 +1,9 @@
 """Run a trial in a fresh worker process and stream its events back.
 
 Why a process per trial: a crash, an out-of-memory or a hang in the user's model must
-end the worker, never the notebook kernel; and every trial must start with clean
-allocator and compile caches, so memory and compile figures are honest. The worker is a
+end the worker, never the notebook kernel; and every trial must start with a clean
+allocator and in-memory compile caches, so memory and compile figures are honest (the disk
+cache is reported as cold/warm, or made empty on request: `compile_cache.py`). The worker is a
 fresh interpreter (`measure.child`), so any script works, guarded by `__main__` or not.
 Workloads travel with cloudpickle (so a class defined in a notebook cell works); built-ins
 and 'module:attr' specs are rebuilt by name in the worker.
@@ -34,17 +35,20 @@ def run_in_worker(
     """A trial in a fresh worker process: the parent side."""
     from workbench.device import check_config, resolve_device
     from workbench.measure.child import ChildProcess
+    from workbench.measure.compile_cache import fresh_cache_environment
 
     check_config(request.config, resolve_device(request.device))  # refuse bad input before paying for a process
     payload = _payload(request.workload, request.preset, request.config)
-    # The `finally` below ends the worker (and the DataLoader workers it started) whatever happens.
-    child = ChildProcess(_worker_main, payload, request.config.to_dict(), request.for_worker(),
-                         memory_limit_bytes=request.memory_limit_bytes)  # fmt: skip
-    try:
-        relay = EventRelay(workload_name(request.workload), request.config, on_event)
-        return _follow(child, relay, cancel, request.timeout_s)
-    finally:
-        child.stop()
+    # The `finally` below ends the worker (and the DataLoader workers it started) whatever happens;
+    # an empty compile cache (WORKBENCH_COMPILE_CACHE=fresh) is removed only after that.
+    with fresh_cache_environment() as env:
+        child = ChildProcess(_worker_main, payload, request.config.to_dict(), request.for_worker(),
+                             memory_limit_bytes=request.memory_limit_bytes, env=env)  # fmt: skip
+        try:
+            relay = EventRelay(workload_name(request.workload), request.config, on_event)
+            return _follow(child, relay, cancel, request.timeout_s)
+        finally:
+            child.stop()
 
 
 def workload_name(workload: Workload | str) -> str:

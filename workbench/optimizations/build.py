@@ -25,6 +25,7 @@ from workbench.optimizations.memory_format import apply_channels_last, to_channe
 from workbench.optimizations.optimizer import apply_optimizer
 from workbench.optimizations.precision import apply_fp32_precision
 from workbench.optimizations.record import Applied
+from workbench.optimizations.threads import apply_intra_op_threads
 from workbench.workloads.base import Batch, Workload, move_batch
 
 Mark = Callable[[str], None]
@@ -83,9 +84,13 @@ def build(workload: Workload, config: TrainConfig, device: str | torch.device | 
     #    precision its kernels ran with, defaults included.
     precision, precision_records = apply_fp32_precision(config.matmul_precision, config.cudnn_tf32, dev)
     attention, attention_record = apply_attention_backend(config.attention_backend)
+    # 5b. intra-op CPU threads: process-global too, so scoped to the step like the precision flags;
+    #     always recorded, since the count PyTorch picks differs by host.
+    threads, threads_record = apply_intra_op_threads(config.intra_op_threads)
     if amp_record is not None:
         applied.append(amp_record)
     applied.extend(precision_records)
+    applied.append(threads_record)
     if attention_record is not None:
         applied.append(attention_record)
     # 6. compile last among module changes: it traces the final forward, and the contexts of
@@ -93,7 +98,9 @@ def build(workload: Workload, config: TrainConfig, device: str | torch.device | 
     if config.compile != "off":
         runnable, record = apply_compile(runnable, config)
         applied.append(record)
-    step = TrainStep(workload, config, dev, runnable, model, optimizer, scaler, applied, autocast, precision, attention)
+    step = TrainStep(
+        workload, config, dev, runnable, model, optimizer, scaler, applied, autocast, precision, attention, threads
+    )
     # 7. CUDA graphs capture the step exactly as it finally runs (compiled, checkpointed, AMP).
     if config.cuda_graphs:
         step.graphed, record = apply_cuda_graphs(step.eager_step, model, optimizer, dev)
@@ -123,11 +130,13 @@ class TrainStep:
         autocast: ContextFactory | None = None,
         precision: ContextFactory | None = None,
         attention: ContextFactory | None = None,
+        threads: ContextFactory | None = None,
     ) -> None:
         self.workload, self.config, self.device = workload, config, device
         self.model, self.base_model, self.optimizer, self.scaler = model, base_model, optimizer, scaler
         self.applied = applied
         self._autocast, self._precision, self._attention = autocast, precision, attention
+        self._threads = threads
         self.graphed: CudaGraphStep | None = None
         # Gradients are dropped each step (backward allocates them only as needed), except where
         # they are DDP bucket views, which must survive to save the copy.
@@ -153,12 +162,13 @@ class TrainStep:
             raise ValueError(
                 f"expected {self.config.grad_accumulation} micro-batches (grad_accumulation), got {len(micro_batches)}"
             )
-        if self.graphed is not None:
-            loss = self.graphed(micro_batches)
-            if mark is not None:
-                mark("step")
-            return loss
-        return self.eager_step(micro_batches, mark)
+        with _entered(self._threads):
+            if self.graphed is not None:
+                loss = self.graphed(micro_batches)
+                if mark is not None:
+                    mark("step")
+                return loss
+            return self.eager_step(micro_batches, mark)
 
     def eager_step(self, micro_batches: Sequence[Batch], mark: Mark | None = None) -> torch.Tensor:
         """The step itself, without CUDA graphs (which capture exactly this function)."""

@@ -18,6 +18,7 @@ statistics again during recomputation. Training losses and gradients are unaffec
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import functools
 from collections.abc import Callable
@@ -87,6 +88,22 @@ def find_targets(model: nn.Module, target: str) -> list[str]:
     return chosen
 
 
+def _no_match_message(model: nn.Module, target: str) -> str:
+    """Say what was meant: close spellings first, then the repeated block classes (the usual targets)."""
+    counts: dict[str, int] = {}
+    for module in model.modules():
+        counts[type(module).__name__] = counts.get(type(module).__name__, 0) + 1
+    by_lower = {name.lower(): name for name in counts}
+    close = [by_lower[n] for n in difflib.get_close_matches(target.lower(), list(by_lower), n=3, cutoff=0.6)]
+    repeated = sorted((n for n, c in counts.items() if c > 1 and n not in close), key=lambda n: (-counts[n], n))
+    message = f"checkpoint_target '{target}' matches no module of {type(model).__name__}."
+    if close:
+        message += f" Did you mean {' or '.join(repr(n) for n in close)}?"
+    if repeated:
+        message += f" Repeated blocks here: {name_list([f'{n} (x{counts[n]})' for n in repeated], 6)}."
+    return message + " Give a class name or a name glob such as 'encoder.*'"
+
+
 def checkpointed_modules(model: nn.Module) -> dict[str, str]:
     """Qualified name → policy of every module currently wrapped (for tests and reports)."""
     return {name: getattr(m, _MARK) for name, m in model.named_modules() if hasattr(m, _MARK)}
@@ -113,11 +130,7 @@ def apply_activation_checkpointing(
     resolved = resolve_target(target, workload_target, workload_name)
     names = find_targets(model, resolved)
     if not names:
-        classes = sorted({type(m).__name__ for m in model.modules()})
-        raise ConfigError(
-            f"checkpoint_target '{resolved}' matches no module of {type(model).__name__}; "
-            f"give a class name (some here: {name_list(classes, 8)}) or a name glob such as 'encoder.*'"
-        )
+        raise ConfigError(_no_match_message(model, resolved))
     modules = dict(model.named_modules())
     wrapped = 0
     for name in names:

@@ -323,6 +323,7 @@ class Workbench:
                 self.charts.set_device(self.monitor.samples(since=time.time() - TIMELINE_S))
             if finished:
                 self._show_results()
+                self.history.refresh()  # the trial was stored before its result arrived here
             self.cancel_button.disabled = not busy
 
     def _drain(self) -> tuple[bool, bool]:

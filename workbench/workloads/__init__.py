@@ -1,6 +1,6 @@
 """Workloads: built-in autonomous-driving models with size presets, and users' own."""
 
-from workbench.workloads.base import Workload, WorkloadError, default_forward, map_tensors, move_batch
+from workbench.workloads.base import Workload, WorkloadError, default_forward, map_tensors, move_batch, output_loss
 from workbench.workloads.registry import PRESETS, builtin_workloads, load_workload, register
 
 __all__ = [
@@ -12,5 +12,6 @@ __all__ = [
     "load_workload",
     "map_tensors",
     "move_batch",
+    "output_loss",
     "register",
 ]

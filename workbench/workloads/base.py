@@ -7,7 +7,7 @@ one type; `from_callables` adapts any ordinary `nn.Module` training setup.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -30,17 +30,33 @@ BatchFn = Callable[[int, "torch.Generator"], Batch]
 
 
 def default_forward(model: nn.Module, batch: Batch) -> Any:
-    """`model(x)` for a tensor batch or an `(x, target, ...)` tuple; `model(**batch["inputs"])` never guessed."""
+    """`model(x)` for a tensor batch or an `(x, target, ...)` tuple; `model(**batch)` for a dict
+    batch (the Hugging Face convention: input_ids, attention_mask, labels, pixel_values, ...)."""
     import torch
 
     if isinstance(batch, torch.Tensor):
         return model(batch)
+    if isinstance(batch, Mapping):
+        return model(**batch)
     if isinstance(batch, (tuple, list)) and batch:
         return model(batch[0])
     raise WorkloadError(
         f"cannot feed a batch of type {type(batch).__name__} to the model by default; "
         "pass forward_fn=lambda model, batch: model(...) to Workload.from_callables"
     )
+
+
+def output_loss(output: Any, batch: Batch) -> torch.Tensor:
+    """The loss a model computed itself: `output.loss` or `output["loss"]` (Hugging Face models
+    given `labels` return one). The default when no `loss_fn` is given."""
+    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+    if loss is None:
+        raise WorkloadError(
+            f"the model's output ({type(output).__name__}) has no 'loss' attribute or key, and no loss_fn was "
+            "given: pass loss_fn=lambda output, batch: ... to Workload.from_callables (or put the labels in "
+            "the batch so the model computes its own loss)"
+        )
+    return cast("torch.Tensor", loss)
 
 
 @dataclass
@@ -81,7 +97,7 @@ class Workload:
     def from_callables(
         cls,
         model_fn: Callable[[], nn.Module],
-        loss_fn: LossFn,
+        loss_fn: LossFn | None = None,
         *,
         batch_fn: BatchFn | None = None,
         dataset_fn: Callable[..., Dataset[Any]] | None = None,
@@ -94,17 +110,19 @@ class Workload:
     ) -> Workload:
         """Wrap a user's own model: `model_fn()` builds it, `loss_fn(output, batch)` scores it.
 
-        Data comes from `batch_fn(batch_size, generator)` (whole synthetic batches) or
-        `dataset_fn()` / `dataset_fn(seed)` (a map-style dataset of samples).
+        Data comes from `batch_fn(batch_size)` / `batch_fn(batch_size, generator)` (whole
+        synthetic batches) or `dataset_fn()` / `dataset_fn(seed)` (a map-style dataset of samples).
+        Without `forward_fn` a dict batch is fed as `model(**batch)`; without `loss_fn` the
+        output's own `loss` (attribute or key) is the loss — the Hugging Face conventions.
         """
         ds_fn = _accepting_seed(dataset_fn) if dataset_fn is not None else None
         return cls(
             name=name,
             model_fn=model_fn,
-            loss_fn=loss_fn,
+            loss_fn=loss_fn or output_loss,
             batch_size=batch_size,
             dataset_fn=ds_fn,
-            batch_fn=batch_fn,
+            batch_fn=_accepting_generator(batch_fn) if batch_fn is not None else None,
             forward_fn=forward_fn or default_forward,
             collate_fn=collate_fn,
             checkpoint_target=checkpoint_target,
@@ -125,17 +143,24 @@ class Workload:
     def make_loader(self, config: TrainConfig) -> DataLoader[Any]:
         """A deterministic DataLoader with the config's loader settings (same seed → same batches)."""
         import torch
-        from torch.utils.data import DataLoader
+        from torch.utils.data import DataLoader, IterableDataset
 
         from workbench.device import pin_memory_supported
 
         dataset = self.make_dataset(config)
+        collate_fn = self.collate_fn
         kwargs: dict[str, Any] = {
             "num_workers": config.num_workers,
             "pin_memory": config.pin_memory and pin_memory_supported(),
             "shuffle": False,  # order is part of determinism; the data are synthetic anyway
         }
         if config.num_workers > 0:
+            # Loader workers started by spawn or forkserver (macOS, Python >= 3.14, a notebook that set
+            # it) re-pickle the dataset with the standard pickler, which cannot find a class defined in
+            # a notebook or script (the trial worker's __main__ is not the user's): ship it by value.
+            if not isinstance(dataset, IterableDataset):  # the loader treats those by their type
+                dataset = cast("Dataset[Any]", ShippedByValue(dataset))
+            collate_fn = ShippedByValue(collate_fn) if collate_fn is not None else None
             kwargs["persistent_workers"] = config.persistent_workers
             if config.prefetch_factor is not None:
                 kwargs["prefetch_factor"] = config.prefetch_factor
@@ -146,7 +171,7 @@ class Workload:
             dataset,
             batch_size=self.effective_batch_size(config),
             drop_last=True,
-            collate_fn=self.collate_fn,
+            collate_fn=collate_fn,
             **kwargs,
         )
 
@@ -192,13 +217,46 @@ class BatchFnDataset:
         return self.batch_fn(self.batch_size, generator)
 
 
+class ShippedByValue:
+    """A dataset or callable that pickles itself with cloudpickle: DataLoader workers started by
+    spawn or forkserver then rebuild it whatever module its class lives in (a forked worker never
+    pickles it). Indexing and calls pass straight through."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+        import cloudpickle
+
+        return _unship, (cloudpickle.dumps(self.inner),)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.inner[index]
+
+    def __getitems__(self, indices: list[Any]) -> Any:
+        fetch = getattr(self.inner, "__getitems__", None)
+        return fetch(indices) if fetch is not None else [self.inner[i] for i in indices]
+
+    def __call__(self, *args: Any) -> Any:
+        return self.inner(*args)
+
+
+def _unship(payload: bytes) -> Any:
+    import cloudpickle
+
+    return cloudpickle.loads(payload)
+
+
 def move_batch(batch: Batch, device: torch.device | str, non_blocking: bool = False) -> Batch:
     """Copy every tensor in a (nested) batch to `device`."""
     import torch
 
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         return {k: move_batch(v, device, non_blocking) for k, v in batch.items()}
     if isinstance(batch, (list, tuple)):
         moved = [move_batch(v, device, non_blocking) for v in batch]
@@ -212,7 +270,7 @@ def map_tensors(batch: Batch, fn: Callable[[torch.Tensor], torch.Tensor]) -> Bat
 
     if isinstance(batch, torch.Tensor):
         return fn(batch)
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         return {k: map_tensors(v, fn) for k, v in batch.items()}
     if isinstance(batch, (list, tuple)):
         mapped = [map_tensors(v, fn) for v in batch]
@@ -225,12 +283,50 @@ def _first_tensor(batch: Batch) -> torch.Tensor | None:
 
     if isinstance(batch, torch.Tensor):
         return batch
-    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else ()
     for value in values:
         found = _first_tensor(value)
         if found is not None:
             return found
     return None
+
+
+def _accepting_generator(batch_fn: Callable[..., Batch]) -> BatchFn:
+    """Let users pass `batch_fn(batch_size)` or `batch_fn(batch_size, generator)`; refuse any other
+    signature here, not deep inside the DataLoader."""
+    if not callable(batch_fn):
+        raise WorkloadError(f"batch_fn must be a callable, got {type(batch_fn).__name__}")
+    expected = "batch_fn(batch_size) or batch_fn(batch_size, generator), returning one whole batch"
+    try:
+        signature = inspect.signature(batch_fn)
+    except (TypeError, ValueError):
+        return batch_fn  # a builtin or C callable: nothing to inspect, take it as the two-argument form
+    for arguments in ((0, None), (0,)):
+        try:
+            signature.bind(*arguments)
+        except TypeError:
+            continue
+        return batch_fn if len(arguments) == 2 else _IgnoringGenerator(batch_fn)
+    raise WorkloadError(f"batch_fn{signature} has the wrong signature: expected {expected}")
+
+
+class _IgnoringGenerator:
+    """`batch_fn(batch_size)` seen as `batch_fn(batch_size, generator)`. It draws from torch's global
+    generator, so that one is seeded from the batch's own for the call: the same seed still gives
+    the same batches, which the numerics check between configurations relies on."""
+
+    def __init__(self, batch_fn: Callable[[int], Batch]) -> None:
+        self.batch_fn = batch_fn
+
+    def __call__(self, batch_size: int, generator: torch.Generator) -> Batch:
+        import torch
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(generator.initial_seed())
+            return self.batch_fn(batch_size)
+
+    def __repr__(self) -> str:
+        return repr(self.batch_fn)
 
 
 def _accepting_seed(dataset_fn: Callable[..., Dataset[Any]]) -> Callable[[int], Dataset[Any]]:

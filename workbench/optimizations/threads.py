@@ -1,0 +1,53 @@
+"""Intra-op CPU threads: how many threads one operator may use, scoped to the step.
+
+`torch.set_num_threads` is process-global, like the fp32 precision flags, so it is set on
+entering every step and restored on exit: a paired session alternating configurations in
+one process, or an inline trial, never leaks one configuration's count into another's. The
+count PyTorch picked is recorded too, so every result says how many threads its step used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+
+import torch
+
+from workbench.config import ConfigError
+from workbench.optimizations.amp import ContextFactory
+from workbench.optimizations.record import Applied
+
+
+@contextmanager
+def intra_op_threads(count: int) -> Iterator[None]:
+    """Run the block with `count` intra-op threads, then restore the previous count."""
+    previous = torch.get_num_threads()
+    if count != previous:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        if count != previous:
+            torch.set_num_threads(previous)
+
+
+def apply_intra_op_threads(count: int | None) -> tuple[ContextFactory | None, Applied]:
+    """A context factory for the step (None: PyTorch's own count, untouched) and its record."""
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+        raise ConfigError(f"intra_op_threads must be a positive integer or none, got {count!r}")
+    if count is None:
+        current = torch.get_num_threads()
+        return None, Applied("intra_op_threads", current, f"{current} intra-op thread(s): PyTorch's default here")
+
+    def context() -> AbstractContextManager[None]:
+        return intra_op_threads(count)
+
+    return context, Applied("intra_op_threads", count, f"torch.set_num_threads({count}) for the step")
+
+
+def resolved_intra_op_threads(applied: list[dict[str, object]] | None) -> int | None:
+    """The thread count a trial's step ran with, from its `applied` record (None for older results)."""
+    for record in applied or []:
+        if record.get("toggle") == "intra_op_threads" and isinstance(record.get("value"), int):
+            return int(record["value"])  # type: ignore[call-overload]
+    return None
