@@ -36,6 +36,8 @@ class TuneResult:
     rungs: list[Rung] = field(default_factory=list)
     seeds: list[dict[str, Any]] = field(default_factory=list)
     largest_batch: dict[str, Any] | None = None
+    screened_best: TunedTrial | None = None
+    """The best configuration by screening alone (one process each: unverified)."""
     resumed_trials: int = 0
     budget_used_s: float = 0.0
     stop_reason: str = ""
@@ -123,6 +125,7 @@ class TuneResult:
             },
             "best": best,
             "runner_ups": self.runner_ups(),
+            "screened_best": self.screened_best.to_dict() if self.screened_best else None,
             "trials": [t.to_dict() for t in self.trials],
             "pareto": [t.to_dict() for t in self.pareto()],
             "rungs": [r.to_dict() for r in self.rungs],

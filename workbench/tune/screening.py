@@ -73,8 +73,10 @@ class Screening:
                  estimate: Callable[[TrainConfig], int | None] | None = None, *, seed: int = 0,
                  samples_of: Callable[[TrainConfig], int] = lambda c: 1, device: Any = None,
                  user_cancel: threading.Event | None = None) -> None:  # fmt: skip
-        import optuna
-
+        try:
+            import optuna
+        except ImportError:  # optional at the edge: the rest of the workbench runs without it
+            raise ConfigError("the tuner needs Optuna: pip install optuna") from None
         optuna.logging.set_verbosity(logging.WARNING)
         self.optuna = optuna
         self.space, self.baseline, self.baseline_result, self.objective = space, baseline, baseline_result, objective
@@ -213,7 +215,7 @@ class Screening:
         trial = TunedTrial(
             number=len(self.trials),
             config=config.to_dict(),
-            params=params,
+            params={n: params[n] for n in self.space.searched if n in params},
             stage=stage,
             status=outcome.status,
             reason=outcome.reason,

@@ -19,6 +19,7 @@ import numpy as np
 
 from workbench.config import ConfigError, TrainConfig
 from workbench.measure import TrialResult, run_trial
+from workbench.measure.profile import ProfileOptions
 from workbench.protocol import Protocol
 from workbench.store import DEFAULT_STORE, StoreArg
 from workbench.tune import record as rec
@@ -35,6 +36,10 @@ SCREEN_SHARE = 0.55
 """Share of the budget for screening; the rest buys protocol rounds for the contenders."""
 BASELINE_SHARE = 0.25
 """A baseline trial that takes more than this share of the budget leaves no room for a search."""
+
+SEED_PROFILE = ProfileOptions(wait=0, warmup=1, active=1, record_shapes=False, scan_syncs=False)
+"""The baseline's profiled window, after its timed one: enough for the diagnosis's shares, kept
+short because it is spent from the search's budget."""
 
 Update = Callable[[dict[str, Any]], None]
 
@@ -146,7 +151,7 @@ class _Search:
         stored = [r for label, r in self.record.previous if label == rec.BASELINE]
         if stored:
             return stored[0]
-        result = self._measure(self.baseline, None, self.cancel, profile=profiled)
+        result = self._measure(self.baseline, None, self.cancel, profile=SEED_PROFILE if profiled else False)
         self.record.save(result, rec.BASELINE)
         self.emit({"event": "baseline", "trial": {"config": result.config, "status": result.status,
                    "median_step_ms": result.median_step_ms, "peak_memory_bytes": result.peak_memory_bytes}})  # fmt: skip
@@ -210,16 +215,28 @@ class _Search:
         base_key = self.baseline.to_json(sort_keys=True)
         feasible = sorted((t for t in screening.trials if t.feasible and TrainConfig.from_dict(t.config).to_json(
             sort_keys=True) != base_key), key=lambda t: t.cost_ms or 0.0)  # fmt: skip
-        contenders = [TrainConfig.from_dict(t.config) for t in feasible[:MAX_CONTENDERS]]
-        if not contenders:
+        if not feasible:
             result.stop_reason = "no configuration other than the baseline ran within the limits"
             return
+        result.screened_best = feasible[0]
+        steps = {TrainConfig.from_dict(t.config).to_json(sort_keys=True): t for t in feasible}
+        contenders = [TrainConfig.from_dict(t.config) for t in feasible[:MAX_CONTENDERS]]
         rungs_left = 2 if len(contenders) > 2 else 1
         while contenders and not self.cancel.is_set():
             remaining = self.budget_s - (time.monotonic() - self.began)
             budget = rung_budget(remaining, rungs_left)
+            fitted = self._fit(contenders, base, steps, budget)
+            if rungs_left > 1 and len(fitted) <= 2:  # no room for halving: straight to the verification
+                rungs_left, budget = 1, remaining
+                fitted = self._fit(contenders[:2], base, steps, budget)
+            if not fitted:
+                result.stop_reason = (
+                    f"the budget ran out before the protocol could verify a contender ({remaining:.0f} s left); "
+                    "the screening ranking is unverified: give a larger --budget"
+                )
+                return
             name = "verification" if rungs_left == 1 else f"rung {len(result.rungs) + 1}"
-            rung = measure_rung(name, self.workload, self.baseline, base, contenders,
+            rung = measure_rung(name, self.workload, self.baseline, base, fitted,
                                 with_budget(self.protocol, budget), self.goal, self.record.save,
                                 cancel=self.cancel, **self.window)  # fmt: skip
             result.rungs.append(rung)
@@ -233,10 +250,32 @@ class _Search:
         result.stop_reason = result.stop_reason or (
             "verified" if result.rungs[-1].winner is not None else "no configuration is significantly better than the baseline")  # fmt: skip
 
+    def _fit(self, contenders: list[TrainConfig], base: TrialResult, screened: dict[str, TunedTrial],
+             budget_s: float) -> list[TrainConfig]:  # fmt: skip
+        """The contenders whose protocol floor (a fresh trial each, then the minimum rounds) fits
+        `budget_s`, dropping the slowest-ranked first: the protocol always measures its floor, so a
+        rung that cannot afford it would overrun the search's budget."""
+        from workbench.protocol import paired_refusal
+
+        fitted = list(contenders)
+        trial_s = float(np.median(self.durations)) if self.durations else 0.0
+        floor = self.protocol.rounds_floor
+        while fitted:
+            steps_s = [(base.median_step_ms or 0.0) / 1000.0]
+            steps_s += [(screened[c.to_json(sort_keys=True)].median_step_ms or 0.0) / 1000.0 for c in fitted]
+            if paired_refusal([self.baseline, *fitted]) is None:
+                rounds_s = floor * (self.protocol.block_steps + 1) * sum(steps_s) + trial_s  # + the paired worker
+            else:
+                rounds_s = floor * (len(fitted) + 1) * trial_s
+            if len(fitted) * trial_s + rounds_s <= budget_s:
+                return fitted
+            fitted.pop()
+        return []
+
     # --- helpers ---------------------------------------------------------------------------
 
     def _measure(
-        self, config: TrainConfig, on_event: Any, cancel: threading.Event, *, profile: bool = False
+        self, config: TrainConfig, on_event: Any, cancel: threading.Event, *, profile: Any = False
     ) -> TrialResult:
         started = time.monotonic()
         result = run_trial(self.workload, config, on_event=on_event, cancel=cancel, profile=profile, **self.window)
