@@ -319,3 +319,23 @@ def test_tune_refuses_bad_input_before_any_trial() -> None:
 
 def test_space_type_is_public() -> None:
     assert isinstance(user_space({"amp": ["fp32", "bf16"]}, "cpu"), SearchSpace)
+
+
+def test_replay_keeps_pruned_and_failed_trials_but_not_ones_the_user_stopped() -> None:
+    """Resume: a pruned or failed trial is finished (never retried); one the user cancelled is not."""
+    space = user_space({"batch_size": [2, 4, 8]}, "cpu")
+    screening = Screening(space, TrainConfig(), _result(14.0), Objective("throughput"), _FakeMeasure(), device="cpu")
+    pruned = _result(30.0, status="cancelled", batch_size=2)
+    pruned.message = "pruned after 3 timed steps: slow"
+    stopped = _result(30.0, status="cancelled", batch_size=4)
+    stopped.message = "cancelled by the caller"
+    crashed = _result(30.0, status="oom", batch_size=8)
+    crashed.message = "out of memory: CPU"
+    assert screening.replay(pruned, "screen") is not None
+    assert screening.replay(stopped, "screen") is None
+    assert screening.replay(crashed, "screen") is not None
+    assert {t.params["batch_size"]: t.status for t in screening.trials} == {2: "pruned", 8: "oom"}
+    for _ in range(30):
+        screening.step()
+    measured = [c["batch_size"] for c in screening.measure.calls]  # type: ignore[attr-defined]
+    assert measured == [4], "only the stopped configuration is measured again"

@@ -95,12 +95,16 @@ class Screening:
         self.trials: list[TunedTrial] = []
         self.known: dict[str, TunedTrial] = {}
         self.refused: dict[str, str] = {}
+        self.in_space: set[str] = set()
+        """Configurations of the space already looked at (the largest batch's check may lie outside it)."""
         self.repeats = 0
 
     # --- what earlier sessions measured, and where to start ----------------------------------
 
     def replay(self, result: TrialResult, stage: str, *, resumed: bool = True) -> TunedTrial | None:
         """Feed a trial measured outside `step` into the study: a stored one (resume), the baseline."""
+        if result.status == "cancelled" and not result.message.startswith("pruned"):
+            return None  # stopped by the user, not finished: measured again when proposed
         config = TrainConfig.from_dict(result.config)
         params = self.space.params_of(config)
         if params is None or _key(config) in self.known:
@@ -230,6 +234,8 @@ class Screening:
             trial.trial_id, trial.wall_time_s = result.trial_id, result.wall_time_s
         self.trials.append(trial)
         self.known[_key(config)] = trial
+        if self.space.params_of(config) is not None:
+            self.in_space.add(_key(config))
         return trial
 
 

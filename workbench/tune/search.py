@@ -148,7 +148,7 @@ class _Search:
     # --- stages -----------------------------------------------------------------------------
 
     def _baseline(self, profiled: bool) -> TrialResult:
-        stored = [r for label, r in self.record.previous if label == rec.BASELINE]
+        stored = [r for label, r in self.record.previous if label == rec.BASELINE and r.ok]
         if stored:
             return stored[0]
         result = self._measure(self.baseline, None, self.cancel, profile=SEED_PROFILE if profiled else False)
@@ -202,7 +202,7 @@ class _Search:
     def _screen(self, screening: Screening, valid: int | None) -> None:
         deadline = self.began + SCREEN_SHARE * self.budget_s
         while not self.cancel.is_set() and not screening.exhausted:
-            if valid is not None and len(screening.known) >= valid:
+            if valid is not None and len(screening.in_space) >= valid:
                 break
             typical = float(np.median(self.durations)) if self.durations else 0.0
             if time.monotonic() + typical > deadline:
