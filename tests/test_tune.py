@@ -286,6 +286,10 @@ def test_stopped_search_resumes_from_the_store_without_repeating_and_verifies_th
     data = second.to_dict()
     assert {"best", "trials", "pareto", "budget_used_s", "runner_ups"} <= set(data)
     assert data["best"]["export"]["command"].startswith("workbench run")
+    from workbench.cli_tune import summary
+
+    text = summary(second)
+    assert "best: " in text and "batch_size=8" in text and "Pareto front" in text and f"run {second.run_id}" in text
 
 
 def test_a_crashing_configuration_is_recorded_and_the_search_goes_on(tmp_path: Path) -> None:
@@ -339,3 +343,37 @@ def test_replay_keeps_pruned_and_failed_trials_but_not_ones_the_user_stopped() -
         screening.step()
     measured = [c["batch_size"] for c in screening.measure.calls]  # type: ignore[attr-defined]
     assert measured == [4], "only the stopped configuration is measured again"
+
+
+class _WideNet(nn.Module):
+    """Activations grow with the batch (8192 features a sample): a memory limit caps the batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wide, self.out = nn.Linear(4, 8192), nn.Linear(8192, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.004)
+        return self.out(torch.relu(self.wide(x)))
+
+
+def test_memory_limit_finds_the_largest_batch_then_verifies_it_with_one_trial(tmp_path: Path) -> None:
+    from workbench.workloads import Workload
+
+    wl = Workload.from_callables(
+        model_fn=_WideNet,
+        batch_fn=lambda n, g: (torch.randn(n, 4, generator=g), torch.randn(n, 1, generator=g)),
+        loss_fn=lambda out, batch: nn.functional.mse_loss(out, batch[1]),
+        batch_size=4,
+        name="wide",
+    )
+    limit = 4 * 2**20
+    window = {**WINDOW, "track_memory": True}
+    result = tune(wl, budget_s=30, space={"batch_size": [2, 4, 256]}, max_memory_bytes=limit, store=None,
+                  protocol=Protocol(design="processes", precision=0.1), seed_from_diagnosis=False, **window)  # fmt: skip
+    largest = result.largest_batch
+    assert largest is not None and 4 <= largest["estimated"] < 256
+    assert largest["status"] == "ok" and largest["peak_memory_bytes"] <= limit  # the trial confirms the estimate
+    big = [t for t in result.trials if t.params.get("batch_size") == 256]
+    assert all(t.status == "over-memory" and t.result is None for t in big), "256 was run despite the estimate"
+    assert all((t.peak_memory_bytes or 0) <= limit for t in result.trials if t.feasible)

@@ -173,7 +173,7 @@ class Screening:
 
     def run_config(self, config: TrainConfig, stage: str) -> TunedTrial:
         """Measure one given configuration outside the sampler's choice (the largest batch's check)."""
-        params = self.space.params_of(config) or {}
+        params = self.space.params_of(config) or {k: new for k, (_, new) in self.baseline.diff(config).items()}
         known = self.known.get(_key(config))
         if known is not None:
             return known
@@ -181,7 +181,8 @@ class Screening:
         outcome = judge(result, self.baseline_result, self.objective)
         trial = self._record(config, params, stage, outcome, result)
         searched = {n: params[n] for n in self.distributions if n in params}
-        if len(searched) == len(self.distributions):
+        inside = all(v in self.distributions[n].choices for n, v in searched.items())
+        if len(searched) == len(self.distributions) and inside:  # a point of the space: the sampler learns from it
             self.study.add_trial(self.optuna.trial.create_trial(
                 params=searched, distributions=self.distributions,
                 value=outcome.cost_ms if outcome.feasible else None, state=_state(self.optuna, outcome)))  # fmt: skip
@@ -219,7 +220,7 @@ class Screening:
         trial = TunedTrial(
             number=len(self.trials),
             config=config.to_dict(),
-            params={n: params[n] for n in self.space.searched if n in params},
+            params={n: params[n] for n in params if n in self.space.searched or n not in self.space.values},
             stage=stage,
             status=outcome.status,
             reason=outcome.reason,
