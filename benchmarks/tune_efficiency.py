@@ -81,6 +81,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--no-compile", action="store_true", help="compile off only (64 configurations)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run of the script itself: amp x channels_last x batch (8 configurations)")  # fmt: skip
     parser.add_argument("--planned-steps", type=int, default=10_000)
     parser.add_argument("--device", default=None)
     args = parser.parse_args()
@@ -91,6 +93,8 @@ def main() -> None:
     for workload in args.workloads.split(","):
         batch = load_workload(workload, preset="tiny").batch_size
         space = space_for(batch, ["off"] if args.no_compile else ["off", "default"])
+        if args.quick:
+            space = {"amp": ["fp32", "bf16"], "channels_last": [False, True], "batch_size": [batch // 2, batch]}
         swept = sweep(workload, space, window, goal)
         print(f"{workload}: sweep of {swept['configs']} configs ({swept['ok']} ran) in {swept['seconds']:.0f} s; "
               f"best {swept['best'].describe()} at {swept['best_cost_ms']:.3g} ms/sample", flush=True)  # fmt: skip
