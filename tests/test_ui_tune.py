@@ -52,6 +52,9 @@ def test_tune_tab_shows_trials_arriving_then_the_verified_winner_and_its_export(
     view = TuneView(lambda: _spec(workload), insert_cell=lambda text: "inserted")
     view.refresh_space()
     assert "batch_size" in view._selectors and "amp" in view._selectors
+    compile_select, compile_values = view._selectors["compile"]  # widening: offered, not chosen by default
+    assert "max-autotune" in compile_values and "reduce-overhead" not in compile_values  # CUDA graphs: not on a CPU
+    assert [compile_values[i] for i in compile_select.value] == ["off", "default"]
     for name, (select, values) in view._selectors.items():  # narrow: batch size only
         select.value = tuple(range(len(values))) if name == "batch_size" else (0,)
     assert view.space()["batch_size"] == [2, 4, 8]

@@ -75,7 +75,9 @@ class TuneView:
     # --- actions ------------------------------------------------------------------------
 
     def refresh_space(self) -> None:
-        """One multi-select per searchable field, all of this device's values chosen."""
+        """One multi-select per searchable field: the default space's values chosen, every other value
+        this device runs offered too (widening: compile max-autotune, ...)."""
+        from workbench.device import capabilities
         from workbench.tune import default_space
         from workbench.workloads import load_workload
 
@@ -83,13 +85,16 @@ class TuneView:
         workload = spec["workload"]
         wl = load_workload(workload, preset=spec["preset"]) if isinstance(workload, str) else workload
         space = default_space(wl.batch_size, spec["device"])
+        caps = capabilities(spec["device"])
         self._selectors = {}
         boxes = []
-        for name, values in space.values.items():
+        for name, chosen in space.values.items():
+            values = (*chosen, *(v for v, a in caps.get(name, {}).items() if a.available and v not in chosen))
             if len(values) < 2:
                 continue
-            select = widgets.SelectMultiple(options=[(str(v), i) for i, v in enumerate(values)],
-                                            value=tuple(range(len(values))), description=name, rows=min(4, len(values)),
+            picked = tuple(i for i, v in enumerate(values) if v in chosen)
+            select = widgets.SelectMultiple(options=[(str(v), i) for i, v in enumerate(values)], value=picked,
+                                            description=name, rows=min(4, len(values)),
                                             style={"description_width": "150px"}, layout=widgets.Layout(width="330px"))  # fmt: skip
             self._selectors[name] = (select, values)
             boxes.append(select)
