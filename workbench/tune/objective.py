@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from workbench.analysis.compare import CandidateComparison, TrialSummary
 from workbench.analysis.intervals import SpeedupEstimate, verdict_for
@@ -180,7 +180,3 @@ def _samples(summary: TrialSummary) -> float | None:
 
 def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else ""
-
-
-def describe(outcome: Outcome, objective: Objective) -> dict[str, Any]:
-    return {"status": outcome.status, "cost_ms": outcome.cost_ms, "unit": objective.unit, "reason": outcome.reason}
