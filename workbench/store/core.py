@@ -255,6 +255,15 @@ class Store:
             row = conn.execute("SELECT id, kind, label, created_at FROM runs WHERE id = ?", (run_id,)).fetchone()
         return dict(row) if row is not None else None
 
+    def runs(self, *, kind: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        """Run rows ({'id', 'kind', 'label', 'created_at'}), newest first; `kind` keeps one kind."""
+        sql, params = "SELECT id, kind, label, created_at FROM runs", []
+        if kind is not None:
+            sql, params = sql + " WHERE kind = ?", [kind]
+        with self._read() as conn:
+            rows = conn.execute(sql + " ORDER BY id DESC LIMIT ?", [*params, int(limit)])
+            return [dict(row) for row in rows]
+
     def workloads(self) -> list[str]:
         with self._read() as conn:
             return [row[0] for row in conn.execute("SELECT DISTINCT workload FROM trials ORDER BY workload")]

@@ -31,6 +31,7 @@ from workbench.ui.history_view import HistoryView
 from workbench.ui.layout import build_layout, progress_row, workload_options
 from workbench.ui.runs import Entry, Inbox, RunSpec, TrialRecord, TrialRunner, finish
 from workbench.ui.table import comparison_for, render_ranks, render_table
+from workbench.ui.tune_view import TuneView
 from workbench.workloads import PRESETS, Workload
 
 BASELINE_COLOR = "#222222"
@@ -163,6 +164,7 @@ class Workbench:
         """Stop the threads, the monitor and any running trial; close the widgets."""
         self._closed.set()
         self._wake.set()
+        self.tune.cancel()
         self.runner.close()
         self.monitor.close()
         self.history.close()
@@ -203,6 +205,9 @@ class Workbench:
             on_pick_baseline=lambda result: void(self.use_stored_baseline(result)),
             on_open_config=self.panel.set_config,
         )
+        self.tune = TuneView(self._tune_spec, self._insert_cell)
+        self.tune.refresh_space()
+        self.workload_picker.observe(lambda _: self.tune.refresh_space(), names="value")
         self.status = widgets.HTML("")
         self.progress = widgets.VBox([])
         self.table = widgets.HTML(render_table([], None))
@@ -226,6 +231,12 @@ class Workbench:
         request = TrialRequest.of(workload, warmup=self.warmup.value, steps=self.steps.value, device=self.device,
                                   preset=preset, timeout_s=self.timeout_s, profile=self.profile_box.value)  # fmt: skip
         return RunSpec(request, label, protocol=protocol)
+
+    def _tune_spec(self) -> dict[str, Any]:
+        """What the Tune tab searches: the workload, preset, device and window chosen above."""
+        options = {"timeout_s": self.timeout_s} if self.timeout_s is not None else {}
+        return {"workload": self.workload_picker.value, "preset": self.preset_picker.value, "device": self.device,
+                "warmup": self.warmup.value, "steps": self.steps.value, "trial_options": options}  # fmt: skip
 
     def _submit(self, role: str, config: TrainConfig | None = None) -> Entry | None:
         try:

@@ -1,0 +1,150 @@
+"""`TuneResult`: what a search found, as plain data for the CLI's `--json`, the app and tests.
+
+`best` is the verification rung's winner by `pick_winner` (or, when nothing beat the
+baseline significantly, its fastest contender marked `winner: false`); `runner_ups` are the
+ones it is not significantly better than; `pareto` the non-dominated screening trials on
+(objective cost, peak memory).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from workbench.config import TrainConfig
+from workbench.measure.result import TrialResult
+from workbench.tune.objective import Objective, pareto_front
+from workbench.tune.space import SearchSpace
+
+if TYPE_CHECKING:
+    from workbench.tune.screening import Screening, TunedTrial
+    from workbench.tune.verify import Rung
+
+
+@dataclass
+class TuneResult:
+    workload: str
+    preset: str
+    objective: Objective
+    space: SearchSpace
+    valid_configs: int | None
+    budget_s: float
+    run_id: int | None
+    baseline: TrialResult | None = None
+    baseline_cost_ms: float | None = None
+    screening: Screening | None = None
+    rungs: list[Rung] = field(default_factory=list)
+    seeds: list[dict[str, Any]] = field(default_factory=list)
+    largest_batch: dict[str, Any] | None = None
+    screened_best: TunedTrial | None = None
+    """The best configuration by screening alone (one process each: unverified)."""
+    resumed_trials: int = 0
+    budget_used_s: float = 0.0
+    stop_reason: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def trials(self) -> list[TunedTrial]:
+        return list(self.screening.trials) if self.screening is not None else []
+
+    @property
+    def best_config(self) -> TrainConfig | None:
+        best = self.best()
+        return TrainConfig.from_dict(best["config"]) if best else None
+
+    def best(self) -> dict[str, Any] | None:
+        """The verified winner (`winner: True`), else the verification's fastest contender."""
+        from workbench.tune.verify import row_dict
+
+        if not self.rungs:
+            return None
+        final = self.rungs[-1]
+        index = final.winner
+        is_winner = index is not None
+        if index is None:
+            ranked = [i for i, r in enumerate(final.rows) if r.speedup is not None]
+            if not ranked:
+                return None
+            index = max(ranked, key=lambda i: final.rows[i].speedup or 0.0)
+        return {**row_dict(final.configs[index], final.rows[index]), "winner": is_winner}
+
+    def runner_ups(self) -> list[dict[str, Any]]:
+        from workbench.tune.verify import row_dict
+
+        if not self.rungs:
+            return []
+        final = self.rungs[-1]
+        return [row_dict(final.configs[i], final.rows[i]) for i in final.tied]
+
+    def pareto(self) -> list[TunedTrial]:
+        measured = [t for t in self.trials if t.feasible and t.peak_memory_bytes is not None]
+        front = pareto_front([(t.cost_ms or 0.0, t.peak_memory_bytes or 0) for t in measured])
+        return [measured[i] for i in front]
+
+    def export(self, fmt: str, **kwargs: Any) -> str:
+        """The best configuration as a snippet, JSON or command (`workbench.export`)."""
+        from workbench.config import ConfigError
+        from workbench.export import export_config
+
+        config = self.best_config
+        if config is None:
+            raise ConfigError("the search found no configuration to export (see its stop reason)")
+        if fmt == "command":
+            kwargs = {"workload": self.workload, "preset": self.preset, **kwargs}
+        return export_config(config, fmt, **kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        best = self.best()
+        if best is not None:
+            config = TrainConfig.from_dict(best["config"])
+            best["export"] = {"json": config.to_dict(), "command": _command(config, self.workload, self.preset)}
+        base = self.baseline
+        return {
+            "workload": self.workload,
+            "preset": self.preset,
+            "objective": {
+                "kind": self.objective.kind,
+                "unit": self.objective.unit,
+                "planned_steps": self.objective.planned_steps,
+                "max_memory_bytes": self.objective.max_memory_bytes,
+            },
+            "space": {
+                **self.space.to_dict(),
+                "valid_configs": self.valid_configs,
+                "refused_combinations": len(self.screening.refused) if self.screening else 0,
+            },
+            "baseline": None
+            if base is None
+            else {
+                "config": base.config,
+                "status": base.status,
+                "median_step_ms": base.median_step_ms,
+                "peak_memory_bytes": base.peak_memory_bytes,
+                "cost_ms": self.baseline_cost_ms,
+                "trial_id": base.trial_id,
+            },
+            "best": best,
+            "runner_ups": self.runner_ups(),
+            "screened_best": self.screened_best.to_dict() if self.screened_best else None,
+            "trials": [t.to_dict() for t in self.trials],
+            "pareto": [t.to_dict() for t in self.pareto()],
+            "rungs": [r.to_dict() for r in self.rungs],
+            "seeds": self.seeds,
+            "largest_batch": self.largest_batch,
+            "resumed_trials": self.resumed_trials,
+            "budget_s": self.budget_s,
+            "budget_used_s": self.budget_used_s,
+            "stop_reason": self.stop_reason,
+            "run_id": self.run_id,
+            "notes": self.notes,
+        }
+
+
+def _command(config: TrainConfig, workload: str, preset: str) -> str | None:
+    from workbench.config import ConfigError
+    from workbench.export import to_command
+
+    try:
+        return to_command(config, workload=workload, preset=preset)
+    except ConfigError:
+        return None

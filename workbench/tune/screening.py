@@ -1,0 +1,257 @@
+"""Cheap screening: one fresh trial per configuration, chosen by Optuna's TPE sampler.
+
+TPE models categorical spaces directly; its percentile pruner ends a trial whose running
+cost is in the slowest quarter of the trials so far at the same step. A configuration is
+measured at most once: a repeat proposal is answered from the first measurement, a failure
+is never retried, and a combination `TrainConfig` refuses is never run nor counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from workbench.config import ConfigError, TrainConfig
+from workbench.measure import StepMeasured, TrialResult
+from workbench.tune.objective import Objective, Outcome, judge, memory_refusal
+from workbench.tune.space import SearchSpace
+
+PRUNE_PERCENTILE = 75.0
+"""Keep trials whose running cost is within the best 75% at the same step; prune the rest."""
+PRUNE_STARTUP_TRIALS = 5
+PRUNE_WARMUP_STEPS = 3
+PRUNED_WHY = "its running cost was in the slowest quarter of the trials so far at the same step"
+MAX_REPEATS = 40
+"""Proposals in a row that repeat a measured (or refused) configuration before the space counts
+as exhausted."""
+
+
+@dataclass
+class TunedTrial:
+    """One configuration the search looked at, and what became of it."""
+
+    number: int
+    config: dict[str, Any]
+    params: dict[str, Any]
+    stage: str
+    status: str
+    reason: str = ""
+    cost_ms: float | None = None
+    median_step_ms: float | None = None
+    peak_memory_bytes: int | None = None
+    estimated_peak_bytes: int | None = None
+    samples_per_step: int | None = None
+    compile_time_s: float | None = None
+    trial_id: str | None = None
+    wall_time_s: float | None = None
+    resumed: bool = False
+    """Measured by an earlier session of this search (read back from the store)."""
+    result: TrialResult | None = field(default=None, repr=False)
+
+    @property
+    def feasible(self) -> bool:
+        return self.status == "ok" and self.cost_ms is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        keys = ("number", "config", "params", "stage", "status", "reason", "cost_ms", "median_step_ms",
+                "peak_memory_bytes", "estimated_peak_bytes", "samples_per_step", "compile_time_s", "trial_id",
+                "wall_time_s", "resumed")  # fmt: skip
+        return {key: getattr(self, key) for key in keys}
+
+
+class Screening:
+    """The Optuna study over `space`, asked and told one configuration at a time."""
+
+    def __init__(self, space: SearchSpace, baseline: TrainConfig, baseline_result: TrialResult, objective: Objective,
+                 measure: Callable[[TrainConfig, Any, threading.Event], TrialResult],
+                 estimate: Callable[[TrainConfig], int | None] | None = None, *, seed: int = 0,
+                 samples_of: Callable[[TrainConfig], int] = lambda c: 1, device: Any = None,
+                 user_cancel: threading.Event | None = None) -> None:  # fmt: skip
+        try:
+            import optuna
+        except ImportError:  # optional at the edge: the rest of the workbench runs without it
+            raise ConfigError("the tuner needs Optuna: pip install optuna") from None
+        optuna.logging.set_verbosity(logging.WARNING)
+        self.optuna = optuna
+        self.space, self.baseline, self.baseline_result, self.objective = space, baseline, baseline_result, objective
+        self.measure, self.estimate, self.samples_of = measure, estimate, samples_of
+        self.device, self.user_cancel = device, user_cancel or threading.Event()
+        self.distributions: dict[str, Any] = {
+            n: optuna.distributions.CategoricalDistribution(v) for n, v in space.searched.items()
+        }
+        self.study = optuna.create_study(
+            direction="minimize",
+            sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(3, len(self.distributions)))),
+            pruner=optuna.pruners.PercentilePruner(
+                PRUNE_PERCENTILE, n_startup_trials=PRUNE_STARTUP_TRIALS, n_warmup_steps=PRUNE_WARMUP_STEPS
+            ),
+        )
+        self.trials: list[TunedTrial] = []
+        self.known: dict[str, TunedTrial] = {}
+        self.refused: dict[str, str] = {}
+        self.in_space: set[str] = set()
+        """Configurations of the space already looked at (the largest batch's check may lie outside it)."""
+        self.repeats = 0
+
+    # --- what earlier sessions measured, and where to start ----------------------------------
+
+    def replay(self, result: TrialResult, stage: str, *, resumed: bool = True) -> TunedTrial | None:
+        """Feed a trial measured outside `step` into the study: a stored one (resume), the baseline."""
+        if result.status == "cancelled" and not result.message.startswith("pruned"):
+            return None  # stopped by the user, not finished: measured again when proposed
+        config = TrainConfig.from_dict(result.config)
+        params = self.space.params_of(config)
+        if params is None or _key(config) in self.known:
+            return None
+        outcome = judge(result, self.baseline_result, self.objective)
+        trial = self._record(config, params, stage, outcome, result, resumed=resumed)
+        searched = {n: params[n] for n in self.distributions}
+        self.study.add_trial(self.optuna.trial.create_trial(
+            params=searched, distributions=self.distributions, value=outcome.cost_ms if outcome.feasible else None,
+            state=_state(self.optuna, outcome)))  # fmt: skip
+        return trial
+
+    def enqueue(self, changes: dict[str, Any]) -> bool:
+        """Try `baseline + changes` early (a diagnosis recommendation); False when outside the space."""
+        fixed = {n: v[0] for n, v in self.space.values.items() if n not in self.distributions}
+        for name, value in changes.items():
+            if name not in self.distributions and fixed.get(name, getattr(self.baseline, name, None)) != value:
+                return False  # the advice changes a field this search keeps fixed
+        params = {}
+        for name, values in self.distributions.items():
+            value = changes.get(name, getattr(self.baseline, name))
+            if value not in values.choices:
+                if name in changes:
+                    return False
+                continue
+            params[name] = value
+        self.study.enqueue_trial(params, skip_if_exists=True)
+        return True
+
+    # --- one step of the search -------------------------------------------------------------
+
+    def step(self, stage: str = "screen") -> TunedTrial | None:
+        """Ask for a configuration and measure it; None when it was a repeat or refused (not counted)."""
+        trial = self.study.ask(self.distributions)
+        params = {**{n: v[0] for n, v in self.space.values.items()}, **trial.params}
+        try:
+            config = self.space.config(self.baseline, params)
+            from workbench.device import check_config
+
+            check_config(config, self.device)
+        except ConfigError as exc:
+            self.refused[_params_key(params)] = str(exc)
+            self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
+            self.repeats += 1
+            return None
+        known = self.known.get(_key(config))
+        if known is not None:  # never measure twice; never retry a failure blindly
+            value = known.cost_ms if known.feasible else None
+            self.study.tell(trial, value, state=_state(self.optuna, Outcome(known.status, value)))
+            self.repeats += 1
+            return None
+        self.repeats = 0
+        estimated = self.estimate(config) if self.estimate is not None else None
+        refusal = memory_refusal(estimated, self.objective, estimated=True)
+        if refusal:  # the estimate says it cannot fit: not worth a trial
+            self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
+            return self._record(config, params, stage, Outcome("over-memory", None, refusal + " (not run)"), None,
+                                estimated=estimated)  # fmt: skip
+        on_event, cancel, pruned = self._pruning(trial, config)
+        result = self.measure(config, on_event, cancel)
+        if pruned:
+            result.message = f"pruned after {pruned[0]} timed steps: {PRUNED_WHY}"
+        outcome = judge(result, self.baseline_result, self.objective)
+        self.study.tell(trial, outcome.cost_ms if outcome.feasible else None, state=_state(self.optuna, outcome))
+        return self._record(config, params, stage, outcome, result, estimated=estimated)
+
+    def run_config(self, config: TrainConfig, stage: str) -> TunedTrial:
+        """Measure one given configuration outside the sampler's choice (the largest batch's check)."""
+        params = self.space.params_of(config) or {k: new for k, (_, new) in self.baseline.diff(config).items()}
+        known = self.known.get(_key(config))
+        if known is not None:
+            return known
+        result = self.measure(config, None, threading.Event())
+        outcome = judge(result, self.baseline_result, self.objective)
+        trial = self._record(config, params, stage, outcome, result)
+        searched = {n: params[n] for n in self.distributions if n in params}
+        inside = all(v in self.distributions[n].choices for n, v in searched.items())
+        if len(searched) == len(self.distributions) and inside:  # a point of the space: the sampler learns from it
+            self.study.add_trial(self.optuna.trial.create_trial(
+                params=searched, distributions=self.distributions,
+                value=outcome.cost_ms if outcome.feasible else None, state=_state(self.optuna, outcome)))  # fmt: skip
+        return trial
+
+    @property
+    def exhausted(self) -> bool:
+        return self.repeats >= MAX_REPEATS
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _pruning(self, trial: Any, config: TrainConfig) -> tuple[Callable[[Any], None], threading.Event, list[int]]:
+        """An event sink that reports the running cost to Optuna and cancels a trial it prunes
+        (or the whole search's cancel asks for); `pruned` holds the step it was pruned at."""
+        cancel = threading.Event()
+        steps: list[float] = []
+        pruned: list[int] = []
+        per = self.samples_of(config) if self.objective.kind == "throughput" else 1
+
+        def on_event(event: Any) -> None:
+            if self.user_cancel.is_set():
+                cancel.set()
+            if not isinstance(event, StepMeasured) or not event.timed or cancel.is_set():
+                return
+            steps.append(event.step_ms / per)
+            trial.report(float(np.median(steps)), len(steps))
+            if trial.should_prune():
+                pruned.append(len(steps))
+                cancel.set()
+
+        return on_event, cancel, pruned
+
+    def _record(self, config: TrainConfig, params: dict[str, Any], stage: str, outcome: Outcome,
+                result: TrialResult | None, *, resumed: bool = False, estimated: int | None = None) -> TunedTrial:  # fmt: skip
+        trial = TunedTrial(
+            number=len(self.trials),
+            config=config.to_dict(),
+            params={n: params[n] for n in params if n in self.space.searched or n not in self.space.values},
+            stage=stage,
+            status=outcome.status,
+            reason=outcome.reason,
+            cost_ms=outcome.cost_ms,
+            estimated_peak_bytes=estimated,
+            resumed=resumed,
+            result=result,
+        )
+        if result is not None:
+            trial.median_step_ms, trial.peak_memory_bytes = result.median_step_ms, result.peak_memory_bytes
+            trial.samples_per_step, trial.compile_time_s = result.samples_per_step, result.compile_time_s
+            trial.trial_id, trial.wall_time_s = result.trial_id, result.wall_time_s
+        self.trials.append(trial)
+        self.known[_key(config)] = trial
+        if self.space.params_of(config) is not None:
+            self.in_space.add(_key(config))
+        return trial
+
+
+def _state(optuna: Any, outcome: Outcome) -> Any:
+    states = optuna.trial.TrialState
+    if outcome.feasible and outcome.cost_ms is not None and math.isfinite(outcome.cost_ms):
+        return states.COMPLETE
+    return states.PRUNED if outcome.status == "pruned" else states.FAIL
+
+
+def _key(config: TrainConfig) -> str:
+    return config.to_json(sort_keys=True)
+
+
+def _params_key(params: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(params, sort_keys=True, default=str)

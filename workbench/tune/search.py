@@ -1,0 +1,382 @@
+"""`tune()`: the fastest configuration that fits, within a time budget, verified by the protocol.
+
+Order of work: the baseline (profiled, so its diagnosis seeds the first candidates), the
+largest batch the memory limit allows (estimate, then one verifying trial), screening by
+Optuna until its share of the budget is spent, then successive halving of the contenders
+over `run_protocol` rounds, the last rung being the verification against the baseline.
+Every trial is saved to one "tune" run as it ends, which is what `resume=True` continues.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from workbench.config import ConfigError, TrainConfig
+from workbench.measure import TrialResult, run_trial
+from workbench.measure.profile import ProfileOptions
+from workbench.protocol import Protocol
+from workbench.store import DEFAULT_STORE, StoreArg
+from workbench.tune import record as rec
+from workbench.tune.objective import DEFAULT_PLANNED_STEPS, Objective, choose_kind, cost_ms
+from workbench.tune.result import TuneResult
+from workbench.tune.screening import Screening, TunedTrial
+from workbench.tune.space import SearchSpace, check_space, default_space, user_space
+from workbench.tune.verify import MAX_CONTENDERS, measure_rung, rung_budget, survivors, with_budget
+from workbench.workloads import Workload, load_workload
+
+MIN_BUDGET_S = 20.0
+"""Below this not even the baseline, one screening trial and the protocol's minimum rounds fit."""
+SCREEN_SHARE = 0.55
+"""Share of the budget for screening; the rest buys protocol rounds for the contenders."""
+BASELINE_SHARE = 0.25
+"""A baseline trial that takes more than this share of the budget leaves no room for a search."""
+
+SEED_PROFILE = ProfileOptions(wait=0, warmup=1, active=1, record_shapes=False, scan_syncs=False)
+"""The baseline's profiled window, after its timed one: enough for the diagnosis's shares, kept
+short because it is spent from the search's budget."""
+
+Update = Callable[[dict[str, Any]], None]
+
+
+def tune(
+    workload: Workload | str,
+    *,
+    budget_s: float = 600.0,
+    baseline: TrainConfig | None = None,
+    space: SearchSpace | Mapping[str, Any] | None = None,
+    objective: str | None = None,
+    planned_steps: int = DEFAULT_PLANNED_STEPS,
+    max_memory_bytes: int | None = None,
+    global_batch: int | None = None,
+    protocol: Protocol | None = None,
+    warmup: int = 3,
+    steps: int = 10,
+    device: Any = None,
+    preset: str = "tiny",
+    store: StoreArg = DEFAULT_STORE,
+    resume: bool = False,
+    seed: int = 0,
+    seed_from_diagnosis: bool = True,
+    cancel: threading.Event | None = None,
+    on_update: Update | None = None,
+    **trial_options: Any,
+) -> TuneResult:
+    """Search `space` (default: every lever this device can run) for the configuration with the
+    best `objective`, and verify it against `baseline` with the comparison protocol.
+
+    `space`: a SearchSpace, or a dict of field -> list of values (the whole space; fields not
+    named stay at the baseline's values). `objective`: 'throughput' (per sample; the default
+    when batch sizes vary) or 'step-time'. `global_batch` keeps batch_size × grad_accumulation
+    fixed. Input errors raise ConfigError before any trial; a trial's crash never ends the search."""
+    began = time.monotonic()
+    cancel = cancel or threading.Event()
+    baseline = baseline or TrainConfig()
+    wl = load_workload(workload, preset=preset, **baseline.extra) if isinstance(workload, str) else workload
+    workload_batch = wl.effective_batch_size(baseline)
+    if not budget_s >= MIN_BUDGET_S:
+        raise ConfigError(
+            f"a budget of {budget_s:g} s is too small for even one round (the baseline, one screening trial and "
+            f"the protocol's {Protocol().rounds_floor} rounds); give at least {MIN_BUDGET_S:g} s, e.g. --budget 5m"
+        )
+    space = _space(space, device, workload_batch, global_batch)
+    samples_vary = global_batch is None and any(n in space.searched for n in ("batch_size", "grad_accumulation"))
+    goal = Objective(choose_kind(objective, samples_vary), planned_steps, max_memory_bytes)
+    valid = check_space(space, baseline, device)
+    if max_memory_bytes is not None:
+        _check_memory_floor(wl, max_memory_bytes)
+    protocol = protocol or Protocol()
+    window = dict(warmup=warmup, steps=steps, device=device, preset=preset, **trial_options)
+    identity = _identity(workload, wl, preset, device, window, space, goal, baseline)
+    record = rec.TuneRecord(store, identity, resume=resume)
+    try:
+        search = _Search(wl, baseline, space, goal, protocol, window, record, cancel, on_update or (lambda u: None))
+        return search.run(began, budget_s, valid, seed=seed, seed_from_diagnosis=seed_from_diagnosis)
+    finally:
+        record.close()
+
+
+class _Search:
+    """The state of one search session: trials so far, the study, the clock."""
+
+    def __init__(self, workload: Workload, baseline: TrainConfig, space: SearchSpace, goal: Objective,
+                 protocol: Protocol, window: dict[str, Any], record: rec.TuneRecord, cancel: threading.Event,
+                 emit: Update) -> None:  # fmt: skip
+        self.workload, self.baseline, self.space, self.goal = workload, baseline, space, goal
+        self.protocol, self.window, self.record, self.cancel, self.emit = protocol, window, record, cancel, emit
+        self.durations: list[float] = []
+        self.notes: list[str] = []
+        self.estimates: dict[str, int | None] = {}
+
+    def run(
+        self, began: float, budget_s: float, valid: int | None, *, seed: int, seed_from_diagnosis: bool
+    ) -> TuneResult:
+        self.began, self.budget_s = began, budget_s
+        result = TuneResult(workload=self.workload.name, preset=self.window["preset"], objective=self.goal,
+                            space=self.space, valid_configs=valid, budget_s=budget_s, run_id=None)  # fmt: skip
+        base = self._baseline(seed_from_diagnosis and not self.record.previous)
+        result.baseline = base
+        if not base.ok:
+            result.stop_reason = f"the baseline failed ({base.status}): {base.message.strip().splitlines()[0][:200]}"
+            return self._finish(result)
+        if self.durations and self.durations[0] > BASELINE_SHARE * budget_s:
+            raise ConfigError(
+                f"a budget of {budget_s:g} s is too small for even one round: the baseline trial alone took "
+                f"{self.durations[0]:.0f} s; give at least {self.durations[0] / BASELINE_SHARE:.0f} s"
+            )
+        screening = Screening(self.space, self.baseline, base, self.goal, self._measure, self._estimator(), seed=seed,
+                              samples_of=self._samples, device=self.window["device"], user_cancel=self.cancel)  # fmt: skip
+        result.screening = screening
+        screening.replay(base, rec.BASELINE, resumed=bool(self.record.previous))
+        for label, stored in self.record.previous:
+            if label in (rec.SCREEN, rec.VERIFY_BATCH) and screening.replay(stored, label) is not None:
+                result.resumed_trials += 1
+        if not self.record.previous:
+            result.seeds = self._seed(screening, base) if seed_from_diagnosis else []
+            result.largest_batch = self._largest_batch(screening)
+        self._screen(screening, valid)
+        result.stop_reason = "cancelled" if self.cancel.is_set() else ""
+        if not self.cancel.is_set():
+            self._verify(screening, base, result)
+        return self._finish(result)
+
+    # --- stages -----------------------------------------------------------------------------
+
+    def _baseline(self, profiled: bool) -> TrialResult:
+        stored = [r for label, r in self.record.previous if label == rec.BASELINE and r.ok]
+        if stored:
+            return stored[0]
+        result = self._measure(self.baseline, None, self.cancel, profile=SEED_PROFILE if profiled else False)
+        self.record.save(result, rec.BASELINE)
+        self.emit({"event": "baseline", "trial": {"config": result.config, "status": result.status,
+                   "median_step_ms": result.median_step_ms, "peak_memory_bytes": result.peak_memory_bytes}})  # fmt: skip
+        return result
+
+    def _seed(self, screening: Screening, base: TrialResult) -> list[dict[str, Any]]:
+        """The baseline diagnosis's recommendations, tried first ("check every recommendation")."""
+        from workbench.analysis.diagnose import diagnose
+
+        seeds = []
+        try:
+            findings = diagnose(base).findings
+        except Exception as exc:  # a diagnosis is advice for the start order; the search works without it
+            self.notes.append(f"no diagnosis seeds: {type(exc).__name__}: {exc}")
+            return []
+        for finding in findings:
+            for advice in finding.recommendations:
+                if advice.actionable and screening.enqueue(dict(advice.changes)):
+                    seeds.append({"finding": finding.title, "title": advice.title, "changes": dict(advice.changes)})
+        return seeds
+
+    def _largest_batch(self, screening: Screening) -> dict[str, Any] | None:
+        """The largest batch the memory limit allows by the estimate, then one trial to verify it."""
+        limit = self.goal.max_memory_bytes
+        sizes = self.space.values.get("batch_size", ())
+        if limit is None or len(sizes) < 2 or self.space.global_batch is not None:
+            return None
+        from workbench.estimate import max_batch_size
+
+        try:
+            found = max_batch_size(self.workload, self.baseline, self._device_name(), memory_budget=limit,
+                                   preset=self.window["preset"], limit=4 * max(sizes))  # fmt: skip
+        except Exception as exc:  # the estimate is a shortcut; without it the trials still decide
+            self.notes.append(f"largest batch not estimated: {type(exc).__name__}: {exc}")
+            return None
+        info: dict[str, Any] = {"estimated": found.max_batch_size, "estimated_peak_bytes": found.estimate.peak_bytes
+                                if found.estimate else None}  # fmt: skip
+        if found.max_batch_size < 1:
+            info["note"] = "not even batch 1 fits the limit by the estimate"
+            return info
+        config = self.baseline.replace(batch_size=found.max_batch_size)
+        trial = screening.run_config(config, rec.VERIFY_BATCH)
+        self._saved(trial)
+        info.update(verified_batch=found.max_batch_size, status=trial.status, reason=trial.reason,
+                    peak_memory_bytes=trial.peak_memory_bytes)  # fmt: skip
+        return info
+
+    def _screen(self, screening: Screening, valid: int | None) -> None:
+        deadline = self.began + SCREEN_SHARE * self.budget_s
+        while not self.cancel.is_set() and not screening.exhausted:
+            if valid is not None and len(screening.in_space) >= valid:
+                break
+            typical = float(np.median(self.durations)) if self.durations else 0.0
+            if time.monotonic() + typical > deadline:
+                break
+            trial = screening.step()
+            if trial is not None:
+                self._saved(trial)
+
+    def _verify(self, screening: Screening, base: TrialResult, result: TuneResult) -> None:
+        base_key = self.baseline.to_json(sort_keys=True)
+        feasible = sorted((t for t in screening.trials if t.feasible and TrainConfig.from_dict(t.config).to_json(
+            sort_keys=True) != base_key), key=lambda t: t.cost_ms or 0.0)  # fmt: skip
+        if not feasible:
+            result.stop_reason = "no configuration other than the baseline ran within the limits"
+            return
+        result.screened_best = feasible[0]
+        steps = {TrainConfig.from_dict(t.config).to_json(sort_keys=True): t for t in feasible}
+        contenders = [TrainConfig.from_dict(t.config) for t in feasible[:MAX_CONTENDERS]]
+        rungs_left = 2 if len(contenders) > 2 else 1
+        while contenders and not self.cancel.is_set():
+            remaining = self.budget_s - (time.monotonic() - self.began)
+            budget = rung_budget(remaining, rungs_left)
+            fitted = self._fit(contenders, base, steps, budget)
+            if rungs_left > 1 and len(fitted) <= 2:  # no room for halving: straight to the verification
+                rungs_left, budget = 1, remaining
+                fitted = self._fit(contenders[:2], base, steps, budget)
+            if not fitted:
+                result.stop_reason = (
+                    f"the budget ran out before the protocol could verify a contender ({remaining:.0f} s left); "
+                    "the screening ranking is unverified: give a larger --budget"
+                )
+                return
+            name = "verification" if rungs_left == 1 else f"rung {len(result.rungs) + 1}"
+            rung = measure_rung(name, self.workload, self.baseline, base, fitted,
+                                with_budget(self.protocol, budget), self.goal, self.record.save,
+                                cancel=self.cancel, **self.window)  # fmt: skip
+            result.rungs.append(rung)
+            self.emit({"event": "rung", "rung": rung.to_dict(), **self._clock()})
+            rungs_left -= 1
+            if rungs_left == 0:
+                break
+            contenders = survivors(rung, keep=2)
+        if not result.rungs:
+            return
+        result.stop_reason = result.stop_reason or (
+            "verified" if result.rungs[-1].winner is not None else "no configuration is significantly better than the baseline")  # fmt: skip
+
+    def _fit(self, contenders: list[TrainConfig], base: TrialResult, screened: dict[str, TunedTrial],
+             budget_s: float) -> list[TrainConfig]:  # fmt: skip
+        """The contenders whose protocol floor (a fresh trial each, then the minimum rounds) fits
+        `budget_s`, dropping the slowest-ranked first: the protocol always measures its floor, so a
+        rung that cannot afford it would overrun the search's budget."""
+        from workbench.protocol import paired_refusal
+
+        fitted = list(contenders)
+        trial_s = float(np.median(self.durations)) if self.durations else 0.0
+        floor = self.protocol.rounds_floor
+        while fitted:
+            steps_s = [(base.median_step_ms or 0.0) / 1000.0]
+            steps_s += [(screened[c.to_json(sort_keys=True)].median_step_ms or 0.0) / 1000.0 for c in fitted]
+            if paired_refusal([self.baseline, *fitted]) is None:
+                rounds_s = floor * (self.protocol.block_steps + 1) * sum(steps_s) + trial_s  # + the paired worker
+            else:
+                rounds_s = floor * (len(fitted) + 1) * trial_s
+            if len(fitted) * trial_s + rounds_s <= budget_s:
+                return fitted
+            fitted.pop()
+        return []
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _measure(
+        self, config: TrainConfig, on_event: Any, cancel: threading.Event, *, profile: Any = False
+    ) -> TrialResult:
+        started = time.monotonic()
+        result = run_trial(self.workload, config, on_event=on_event, cancel=cancel, profile=profile, **self.window)
+        self.durations.append(time.monotonic() - started)
+        return result
+
+    def _saved(self, trial: TunedTrial) -> None:
+        if trial.result is not None and not trial.resumed:
+            self.record.save(trial.result, trial.stage)
+        self.emit({"event": "trial", "trial": trial.to_dict(), **self._clock()})
+
+    def _clock(self) -> dict[str, float]:
+        return {"elapsed_s": time.monotonic() - self.began, "budget_s": self.budget_s}
+
+    def _samples(self, config: TrainConfig) -> int:
+        return self.workload.effective_batch_size(config) * config.grad_accumulation
+
+    def _device_name(self) -> str:
+        from workbench.device import device_info, resolve_device
+
+        dev = resolve_device(self.window["device"])
+        return "cpu" if dev.type == "cpu" else device_info(dev).name
+
+    def _estimator(self) -> Callable[[TrainConfig], int | None] | None:
+        if self.goal.max_memory_bytes is None:
+            return None
+        from workbench.estimate import estimate_memory
+
+        def estimate(config: TrainConfig) -> int | None:
+            key = config.to_json(sort_keys=True)
+            if key not in self.estimates:
+                try:
+                    self.estimates[key] = estimate_memory(self.workload, config, self._device_name(),
+                                                          preset=self.window["preset"]).peak_bytes  # fmt: skip
+                except Exception:  # the estimate is a shortcut; a config it cannot fake still gets a trial
+                    self.estimates[key] = None
+            return self.estimates[key]
+
+        return estimate
+
+    def _finish(self, result: TuneResult) -> TuneResult:
+        result.run_id = self.record.run_id
+        result.budget_used_s = time.monotonic() - self.began
+        result.notes += self.notes
+        if result.baseline is not None and result.baseline.ok:
+            result.baseline_cost_ms = cost_ms(result.baseline, self.goal)
+        self.emit({"event": "done", "result": result.to_dict()})
+        return result
+
+
+# --- input checks -------------------------------------------------------------------------
+
+
+def _space(space: Any, device: Any, workload_batch: int, global_batch: int | None) -> SearchSpace:
+    if global_batch is not None and (isinstance(global_batch, bool) or not isinstance(global_batch, int)
+                                     or global_batch < 1):  # fmt: skip
+        raise ConfigError(f"global batch must be a whole number >= 1, got {global_batch!r}")
+    if space is None:
+        return default_space(workload_batch, device, global_batch=global_batch)
+    if isinstance(space, SearchSpace):
+        return space
+    made = user_space(space, device, workload_batch=workload_batch, global_batch=global_batch)
+    if global_batch is not None:
+        if "grad_accumulation" in made.values:
+            raise ConfigError(
+                "grad_accumulation follows the batch size when the global batch is fixed; drop it from the space"
+            )
+        sizes = tuple(s for s in made.values.get("batch_size", (global_batch,)) if global_batch % s == 0)
+        if not sizes:
+            raise ConfigError(f"no batch_size in the space divides the global batch {global_batch}")
+        made = dataclasses.replace(made, values={**made.values, "batch_size": sizes})
+    return made
+
+
+def _check_memory_floor(workload: Workload, max_memory_bytes: int) -> None:
+    """A limit below the parameters alone can fit no configuration: say so before any trial."""
+    from workbench.textfmt import format_bytes
+
+    model = workload.model_fn()
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    if max_memory_bytes < params:
+        raise ConfigError(
+            f"max memory {format_bytes(max_memory_bytes)} is below the model's parameters alone "
+            f"({format_bytes(params)}); training needs roughly 4x that (parameters, gradients, optimizer state, "
+            "activations): raise --max-memory or choose a smaller preset"
+        )
+
+
+def _identity(workload: Any, wl: Workload, preset: str, device: Any, window: dict[str, Any], space: SearchSpace,
+              goal: Objective, baseline: TrainConfig) -> dict[str, Any]:  # fmt: skip
+    from workbench.device import resolve_device
+
+    return {
+        "workload": workload if isinstance(workload, str) else wl.name,
+        "preset": preset,
+        "device": str(resolve_device(device)),
+        "warmup": window["warmup"],
+        "steps": window["steps"],
+        "space": space.key(),
+        "objective": goal.kind,
+        "planned_steps": goal.planned_steps,
+        "max_memory_bytes": goal.max_memory_bytes,
+        "baseline": baseline.to_json(sort_keys=True),
+    }
