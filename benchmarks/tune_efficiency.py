@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import ConfigError, TrainConfig
-from workbench.measure import run_trial
 from workbench.protocol import Protocol, run_protocol
+from workbench.trials import run_trial
 from workbench.tune import Objective, tune, user_space
 from workbench.tune.objective import judge, objective_row
 from workbench.workloads import load_workload

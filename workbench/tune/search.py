@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 
 from workbench.config import ConfigError, TrainConfig
-from workbench.measure import TrialResult, run_trial
+from workbench.measure import TrialResult
 from workbench.measure.profile import ProfileOptions
 from workbench.protocol import Protocol
 from workbench.store import DEFAULT_STORE, StoreArg
+from workbench.trials import run_trial
 from workbench.tune import record as rec
 from workbench.tune.objective import DEFAULT_PLANNED_STEPS, Objective, choose_kind, cost_ms
 from workbench.tune.result import TuneResult
@@ -264,7 +265,9 @@ class _Search:
             steps_s = [(base.median_step_ms or 0.0) / 1000.0]
             steps_s += [(screened[c.to_json(sort_keys=True)].median_step_ms or 0.0) / 1000.0 for c in fitted]
             if paired_refusal([self.baseline, *fitted]) is None:
-                rounds_s = floor * (self.protocol.block_steps + 1) * sum(steps_s) + trial_s  # + the paired worker
+                blocks = [self.protocol.block_for(s * 1000.0) for s in steps_s]
+                block_s = sum((count + switch) * s for (count, switch), s in zip(blocks, steps_s))
+                rounds_s = floor * block_s + trial_s  # + the paired worker
             else:
                 rounds_s = floor * (len(fitted) + 1) * trial_s
             if len(fitted) * trial_s + rounds_s <= budget_s:
