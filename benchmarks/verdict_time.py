@@ -5,6 +5,11 @@ count are the seconds (target ≤ 90 s here) and whether two consecutive runs gi
 intervals for every candidate and the same winner (or both a tie at the top).
 
     .venv/bin/python benchmarks/verdict_time.py [--steps 10]
+    .venv/bin/python benchmarks/verdict_time.py --uncalibrated   # the old compare, for the ratio
+
+`--uncalibrated` times what `compare` did before the protocol (one 20-step trial per
+configuration, no rounds): the ratio of the two is the cost of calibration on this machine,
+which the 90 s target (against ~35 s uncalibrated on a CPU with fast bf16) puts at ≤ 2.6x.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import os
 import time
 from pathlib import Path
 
-from workbench.api import run_comparison
+from workbench.api import run_comparison, run_trials
 from workbench.config import TrainConfig
 from workbench.report import protocol_notes
 
@@ -26,9 +31,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10, help="the characterizing trial's timed steps")
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--uncalibrated", action="store_true", help="time one 20-step trial per configuration")
     args = parser.parse_args()
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().parent.parent / ".inductor-cache"))
     baseline = TrainConfig()
+    if args.uncalibrated:
+        began = time.perf_counter()
+        run_trials("bev-perception", [baseline, *(baseline.with_overrides(c) for c in CANDIDATES)], steps=20,
+                   warmup=args.warmup, store=None)  # fmt: skip
+        print(f"uncalibrated 5-configuration compare (1 trial of 20 steps each): {time.perf_counter() - began:.1f} s")
+        return
     began = time.perf_counter()
     outcome = run_comparison("bev-perception", baseline, [baseline.with_overrides(c) for c in CANDIDATES],
                              steps=args.steps, warmup=args.warmup, store=None)  # fmt: skip
