@@ -30,6 +30,7 @@ from workbench.config import ConfigError, TrainConfig
 from workbench.distributed.channel import RankReader
 from workbench.distributed.command import RANK_MODULE, torchrun_args
 from workbench.measure.events import EventSink, StepMeasured, TrialFinished, TrialStarted
+from workbench.measure.lifeline import LAUNCHER_PID_ENV
 from workbench.measure.result import TrialResult
 from workbench.measure.worker import pack_workload
 from workbench.workloads.base import Workload, WorkloadError
@@ -117,6 +118,7 @@ def rank_environment(config: TrainConfig, device_type: str) -> dict[str, str]:
     """The caller's environment, plus its import path (a notebook's modules must import in the
     ranks, as with spawn) and, on CPU, the cores shared out between the ranks."""
     env = dict(os.environ)
+    env[LAUNCHER_PID_ENV] = str(os.getpid())  # the ranks end themselves (and torchrun) when we die
     package_root = str(Path(__file__).resolve().parents[2])
     paths = [package_root, *(p or os.getcwd() for p in sys.path), *env.get("PYTHONPATH", "").split(os.pathsep)]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p and os.path.isdir(p)))
