@@ -22,7 +22,7 @@ def start_cli_and_wait_for_steps(args: list[str]) -> tuple[subprocess.Popen[byte
     return cli, psutil.Process(cli.pid).children(recursive=True)
 
 
-def all_gone(processes: list[psutil.Process], within_s: float) -> list[psutil.Process]:
+def still_running_after(processes: list[psutil.Process], within_s: float) -> list[psutil.Process]:
     """The processes still running after `within_s` (a zombie has ended: only its reaper is missing)."""
     deadline = time.monotonic() + within_s
     alive = processes

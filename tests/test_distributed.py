@@ -372,7 +372,7 @@ def test_the_printed_command_runs_as_two_nodes_on_one_machine(tmp_path: Path) ->
 
 def test_a_killed_launcher_takes_torchrun_and_every_rank_with_it() -> None:
     """SIGKILL on `workbench run` mid-trial: torchrun and both ranks, re-parented, must end themselves."""
-    from proc_watch import all_gone, start_cli_and_wait_for_steps
+    from proc_watch import start_cli_and_wait_for_steps, still_running_after
 
     cli, processes = start_cli_and_wait_for_steps(
         ["run", "--workload", PLANNER, "--set", "strategy=ddp,nproc_per_node=2", "--steps", "100000", "--warmup",
@@ -381,4 +381,4 @@ def test_a_killed_launcher_takes_torchrun_and_every_rank_with_it() -> None:
     assert sum("workbench.distributed" in " ".join(p.cmdline()) for p in processes) >= 2, processes
     cli.kill()
     cli.communicate()
-    assert not all_gone(processes, within_s=10)
+    assert not still_running_after(processes, within_s=10)

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from proc_watch import all_gone, start_cli_and_wait_for_steps
+from proc_watch import start_cli_and_wait_for_steps, still_running_after
 from torch import nn
 
 from workbench.config import ConfigError, TrainConfig
@@ -285,7 +285,7 @@ def test_a_killed_cli_leaves_no_worker_running() -> None:
     assert any("workbench.measure.child" in " ".join(p.cmdline()) for p in workers), workers
     cli.kill()
     cli.communicate()
-    assert not all_gone(workers, within_s=5)
+    assert not still_running_after(workers, within_s=5)
 
 
 def test_a_worker_busy_in_its_job_ends_when_its_parent_dies(tmp_path: Path) -> None:
@@ -307,4 +307,4 @@ def test_a_worker_busy_in_its_job_ends_when_its_parent_dies(tmp_path: Path) -> N
     )
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False)
     worker = psutil.Process(int(proc.stdout.split()[0]))
-    assert not all_gone([worker], within_s=5)
+    assert not still_running_after([worker], within_s=5)
