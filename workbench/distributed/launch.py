@@ -70,7 +70,7 @@ def run_distributed_trial(
     memory_limit_bytes: int | None = None,
 ) -> TrialResult:
     """Run `config` (strategy ddp/fsdp2) as `config.nproc_per_node` ranks on this node."""
-    from workbench.device import check_config, resolve_device
+    from workbench.device import check_config, device_info, resolve_device
 
     if config.nnodes > 1:
         raise ConfigError(
@@ -95,6 +95,7 @@ def run_distributed_trial(
     )
     try:
         follower = _Follower(process, directory, config, _name(workload), on_event, timeout)
+        follower.partial.device = device_info(dev).to_dict()  # a timeout or crash still says where it ran
         result = follower.follow(cancel)
         if follower.finished is not None:
             _wait_quietly(process, KILL_GRACE_S * 3)  # the ranks tear down their group and exit

@@ -23,6 +23,9 @@ from workbench.workloads.base import Workload, WorkloadError
 
 #: How often the parent looks at the pipe, the cancel flag and the clock.
 POLL_S = 0.05
+STARTUP_GRACE_S = 60.0
+"""Added to `timeout_s` until the trial has started: a fresh interpreter, `import torch` and the
+workload's import take 3-30 s on a busy machine, and must not count as a hang."""
 _INPUT_ERRORS = {"ConfigError": ConfigError, "WorkloadError": WorkloadError}
 
 
@@ -42,7 +45,7 @@ def run_in_worker(
     profile: Any = None,
 ) -> TrialResult:
     """`run_trial(isolation='process')`: the parent side."""
-    from workbench.device import check_config, resolve_device
+    from workbench.device import check_config, device_info, resolve_device
 
     if timeout_s is not None and not timeout_s > 0:
         raise ConfigError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
@@ -60,7 +63,8 @@ def run_in_worker(
     # The `finally` below ends the worker (and the DataLoader workers it started) whatever happens.
     child = ChildProcess(_worker_main, payload, config.to_dict(), options, memory_limit_bytes=memory_limit_bytes)
     try:
-        return _follow(child, child.inbox, on_event, cancel, timeout_s, workload_name(workload), config)
+        return _follow(child, child.inbox, on_event, cancel, timeout_s, workload_name(workload), config,
+                       device=device_info(dev).to_dict())  # fmt: skip
     finally:
         child.stop()
 
@@ -139,15 +143,21 @@ def _follow(
     timeout_s: float | None,
     name: str,
     config: TrainConfig,
+    device: dict[str, Any] | None = None,
 ) -> TrialResult:
     """Relay events until TrialFinished; turn silence, death and cancel into a status."""
     emit = on_event or (lambda event: None)
     partial = _Partial(name, config)
+    partial.result_so_far.device = dict(device or {})  # a timeout or crash still says where it ran
     last_progress = time.monotonic()
     while True:
         if cancel is not None and cancel.is_set():
             return partial.result("cancelled", "cancelled by the caller; the worker was stopped", emit)
-        if timeout_s is not None and time.monotonic() - last_progress > timeout_s:
+        started = bool(partial.result_so_far.trial_id)  # set by TrialStarted
+        if timeout_s is not None and time.monotonic() - last_progress > timeout_s + (0 if started else STARTUP_GRACE_S):
+            if not started:
+                return partial.result("timeout", f"the worker did not start the trial within {timeout_s + STARTUP_GRACE_S:g} s "
+                                      f"(--timeout plus {STARTUP_GRACE_S:g} s for start-up); it was killed", emit)  # fmt: skip
             return partial.result("timeout", f"no progress for {timeout_s:g} s; the worker was killed", emit)
         try:
             ready = receiver.poll(POLL_S)
