@@ -97,7 +97,7 @@ def _check_device_name(name: str, budget: int | None) -> None:
     if name.strip().lower() == "cpu" or lookup_spec(name) is not None or budget is not None:
         return
     raise ConfigError(
-        f"unknown device '{name}' for --device-name; known: cpu, {', '.join(known_devices())} "
+        f"unknown device '{name}' for --device-name (not in the peak table); known: cpu, {', '.join(known_devices())} "
         "(or give --max-batch-size a --memory-budget for another GPU)"
     )
 
