@@ -228,7 +228,8 @@ def _add_trial_args(p: argparse.ArgumentParser, steps: int = 20, steps_help: str
     p.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps (default 3)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when present)")
     p.add_argument("--timeout", type=float, default=None, metavar="S",
-                   help="end a trial that makes no progress for S seconds (status 'timeout')")  # fmt: skip
+                   help="end a trial that makes no progress for S seconds once started (status 'timeout'); "
+                        "the worker's start-up gets 60 s more")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--quiet", action="store_true", help="no progress line")
 
