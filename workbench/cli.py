@@ -57,9 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _input_error(args: argparse.Namespace, exc: Exception) -> int:
     """One line naming the problem; under --verbose, the traceback of the user's code that caused it."""
     cause = exc.__cause__
-    more = " (--verbose shows the traceback)" if cause is not None and not args.verbose else ""
+    more = " (--verbose shows the traceback)" if cause is not None and not getattr(args, "verbose", False) else ""
     print(f"workbench {args.command}: error: {exc}{more}", file=sys.stderr)
-    if cause is not None and args.verbose:
+    if cause is not None and getattr(args, "verbose", False):
         import traceback
 
         print("".join(traceback.format_exception(cause)).rstrip(), file=sys.stderr)
@@ -269,7 +269,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     else:
         from workbench.report import run_summary
 
-        print(run_summary(result, verbose=args.verbose))
+        print(run_summary(result, verbose=getattr(args, "verbose", False)))
         if args.profile:
             from workbench.analysis.diagnose import diagnose_trial
 

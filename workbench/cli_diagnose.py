@@ -60,7 +60,7 @@ def _cmd_diagnose(args: argparse.Namespace, make_config: Callable[[Sequence[str]
     else:
         from workbench.report import run_summary
 
-        print(run_summary(result))
+        print(run_summary(result, verbose=getattr(args, "verbose", False)))
         print()
         print(diagnosis.to_text(result))
     return 0 if result.ok else EXIT_FAILED_TRIAL
