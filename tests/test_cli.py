@@ -280,7 +280,7 @@ def test_an_error_in_the_users_model_shows_their_line_first(user_env: dict[str, 
         (["--workload", "user_models:fast", "--set", "extra.bogus_opt=1"], "takes no option 'bogus_opt'"),
         (["--workload", "user_models:loss_none"], "loss_fn must return a scalar tensor (one float value to minimise), "
                                                   "got None"),
-        (["--set", "lr=inf"], "lr must be a positive, finite number, got inf"),
+        (["--set", "lr=inf"], "lr must be a positive number, and finite, got inf"),
     ],
 )  # fmt: skip
 def test_a_workload_that_cannot_be_built_is_one_line_and_exit_2(
