@@ -25,6 +25,7 @@ import numpy as np
 from workbench.config import TrainConfig
 from workbench.measure.result import TrialResult
 from workbench.store import Store
+from workbench.store.db import check_integrity
 from workbench.store.series import step_time_series
 
 TARGET_MS = 100.0
@@ -116,6 +117,7 @@ def main() -> None:
             newest = store.history(limit=1)[0]
             env, config = store.get(newest.id).result.environment, newest.config
             queries: dict[str, Callable[[], Any]] = {
+                "open: integrity check (quick_check)": lambda: check_integrity(path),
                 "history, newest 20": lambda: store.history(limit=20),
                 "history --workload, newest 20": lambda: store.history(workload="e2e-planner", limit=20),
                 "history --config, newest 50": lambda: store.history(config=config, limit=50),

@@ -196,3 +196,153 @@ def test_export_writes_a_snippet_json_and_a_command_that_round_trips() -> None:
     command = workbench("export", "--set", "amp=bf16", "--format", "command").stdout.strip()
     assert command.startswith("workbench run ") and "--set amp=bf16" in command
     assert workbench("export", "--format", "yaml").returncode == 2
+
+
+# --- faults in the user's code and bad input (issue 13's corpus), as a user meets them ----------
+
+USER_MODELS = """
+import time
+import torch
+from torch import nn
+from workbench.workloads import Workload
+
+class Wrong(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 1)
+    def forward(self, x):
+        return self.linear(x.view(-1, 5))  # the user's bug
+
+class Hangs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 1)
+    def forward(self, x):
+        time.sleep(600)
+
+def _workload(model_fn, loss_fn=lambda out, b: nn.functional.mse_loss(out, b[1])):
+    return Workload.from_callables(
+        model_fn=model_fn, loss_fn=loss_fn, batch_size=4,
+        batch_fn=lambda n, g: (torch.randn(n, 4, generator=g), torch.randn(n, 1, generator=g)),
+    )
+
+def fast(preset="tiny"):
+    return _workload(lambda: nn.Linear(4, 1))
+
+def wrong(preset="tiny"):
+    return _workload(Wrong)
+
+def hangs(preset="tiny"):
+    return _workload(Hangs)
+
+def loss_none(preset="tiny"):
+    return _workload(lambda: nn.Linear(4, 1), loss_fn=lambda out, b: None)
+
+def factory_raises(preset="tiny"):
+    raise RuntimeError("no checkpoint at /data/weights.pt")
+"""
+
+
+@pytest.fixture
+def user_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a user whose own models live in `user_models.py` (and `broken_syntax.py`)."""
+    (tmp_path / "user_models.py").write_text(USER_MODELS)
+    (tmp_path / "broken_syntax.py").write_text("def workload(:\n    pass\n")
+    return {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+def test_an_error_in_the_users_model_shows_their_line_first(user_env: dict[str, str]) -> None:
+    args = ["run", "--workload", "user_models:wrong", "--steps", "1", "--warmup", "1", "--no-store", "--quiet"]
+    plain = workbench(*args, env=user_env)
+    assert plain.returncode == 1, plain.stderr
+    lines = plain.stdout.strip().splitlines()
+    assert lines[0].startswith("user_models:wrong [tiny] on ") and "status error" in lines[0]
+    assert lines[1] == "RuntimeError: shape '[-1, 5]' is invalid for input of size 16"
+    assert "user_models.py:12 in forward: return self.linear(x.view(-1, 5))" in lines[2]
+    assert "Traceback" not in plain.stdout and "--verbose" in plain.stdout
+    verbose = workbench(*args, "--verbose", env=user_env)
+    assert "Traceback (most recent call last)" in verbose.stdout and "torch/nn/modules/module.py" in verbose.stdout
+    whole = json.loads(workbench(*args, "--json", env=user_env).stdout)["message"]
+    assert "Traceback (most recent call last)" in whole and 'user_models.py", line 12' in whole
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--workload", "user_models:factory_raises"],
+         "'user_models:factory_raises' raised while building the workload: RuntimeError: no checkpoint at "
+         "/data/weights.pt (" ),
+        (["--workload", "broken_syntax:workload"], "importing 'broken_syntax' (spec 'broken_syntax:workload') failed: "
+                                                   "SyntaxError: invalid syntax ("),
+        (["--workload", ":x"], "workload spec ':x' needs both parts: 'package.module:function'"),
+        (["--set", "extra.bogus_opt=1"], "workload 'bev-perception' has no option 'bogus_opt'; its options: "
+                                         "sample_cost_ms, slow_step_ms"),
+        (["--workload", "user_models:fast", "--set", "extra.bogus_opt=1"], "takes no option 'bogus_opt'"),
+        (["--workload", "user_models:loss_none"], "loss_fn must return a scalar tensor (one float value to minimise), "
+                                                  "got None"),
+        (["--set", "lr=inf"], "lr must be a positive number, and finite, got inf"),
+    ],
+)  # fmt: skip
+def test_a_workload_that_cannot_be_built_is_one_line_and_exit_2(
+    user_env: dict[str, str], args: list[str], expected: str
+) -> None:
+    proc = workbench("run", *args, "--steps", "1", "--warmup", "1", "--no-store", "--quiet", env=user_env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert expected in proc.stderr
+
+
+def test_verbose_shows_the_users_traceback_behind_a_one_line_error(user_env: dict[str, str]) -> None:
+    proc = workbench("run", "--workload", "user_models:factory_raises", "--verbose", "--no-store", env=user_env)
+    assert proc.returncode == 2
+    first, rest = proc.stderr.split("\n", 1)
+    assert "raised while building the workload" in first
+    assert "Traceback (most recent call last)" in rest and 'user_models.py", line 40, in factory_raises' in rest
+
+
+def test_set_flags_are_validated_together() -> None:
+    proc = workbench("export", "--set", "prefetch_factor=4", "--set", "num_workers=2", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["prefetch_factor"] == 4 and json.loads(proc.stdout)["num_workers"] == 2
+    alone = workbench("export", "--set", "prefetch_factor=4", "--format", "json")
+    assert alone.returncode == 2 and "prefetch_factor needs num_workers > 0" in alone.stderr
+
+
+def test_export_and_estimate_refuse_names_that_do_not_exist() -> None:
+    command = workbench("export", "--format", "command", "--workload", "no-such-workload")
+    assert command.returncode == 2 and not command.stdout and "unknown workload 'no-such-workload'" in command.stderr
+    estimate = workbench("estimate", "--device-name", "H1OO")
+    assert estimate.returncode == 2 and not estimate.stdout
+    assert "unknown device 'H1OO'" in estimate.stderr and "H100 SXM" in estimate.stderr
+
+
+def test_timeout_counts_from_the_trial_start_not_the_worker_start(user_env: dict[str, str]) -> None:
+    """Spawning the worker and importing torch take seconds; a 2 s hang limit must still pass a healthy trial."""
+    ok = workbench("run", "--workload", "user_models:fast", "--timeout", "2", "--steps", "5", "--warmup", "1",
+                   "--no-store", "--json", env=user_env)  # fmt: skip
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert json.loads(ok.stdout)["status"] == "ok"
+    hung = workbench("run", "--workload", "user_models:hangs", "--timeout", "2", "--steps", "5", "--warmup", "1",
+                     "--no-store", "--json", env=user_env)  # fmt: skip
+    result = json.loads(hung.stdout)
+    assert hung.returncode == 1 and result["status"] == "timeout" and "no progress for 2 s" in result["message"]
+    assert result["device"]["name"] and result["device"]["type"] == "cpu"  # not '?'
+
+
+def test_compare_refuses_an_unavailable_candidate_before_measuring(tmp_path: Path) -> None:
+    store = tmp_path / "h.sqlite"
+    proc = workbench("compare", "--candidate", "amp=bf16", "--candidate", "cuda_graphs=true", "--store", str(store))
+    assert proc.returncode == 2 and "candidate 'cuda_graphs=true': cuda_graphs=True is not available" in proc.stderr
+    assert not store.exists()  # nothing measured, nothing stored
+
+
+def test_a_failed_trial_read_through_a_closed_pipe_still_exits_1(user_env: dict[str, str]) -> None:
+    """`workbench run ... | head -1`: the reader leaves early; the failure must not become exit 0."""
+    proc = subprocess.Popen([*CLI, "run", "--workload", "user_models:wrong", "--steps", "1", "--warmup", "1",
+                             "--no-store", "--quiet", "--verbose"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=user_env)  # fmt: skip
+    assert proc.stdout is not None
+    proc.stdout.close()  # the reader is gone before the first line is written
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, err
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err

@@ -395,3 +395,17 @@ def test_the_printed_command_runs_as_two_nodes_on_one_machine(tmp_path: Path) ->
     assert result.distributed["world_size"] == 2 and result.distributed["nnodes"] == 2
     assert len(result.rank_step_ms) == 2
     assert any("median step" in text for text in outputs)
+
+
+def test_a_killed_launcher_takes_torchrun_and_every_rank_with_it() -> None:
+    """SIGKILL on `workbench run` mid-trial: torchrun and both ranks, re-parented, must end themselves."""
+    from proc_watch import start_cli_and_wait_for_steps, still_running_after
+
+    cli, processes = start_cli_and_wait_for_steps(
+        ["run", "--workload", PLANNER, "--set", "strategy=ddp,nproc_per_node=2", "--steps", "100000", "--warmup",
+         "1", "--no-store"]
+    )  # fmt: skip
+    assert sum("workbench.distributed" in " ".join(p.cmdline()) for p in processes) >= 2, processes
+    cli.kill()
+    cli.communicate()
+    assert not still_running_after(processes, within_s=10)

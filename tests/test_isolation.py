@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from proc_watch import start_cli_and_wait_for_steps, still_running_after
 from torch import nn
 
 from workbench.config import ConfigError, TrainConfig
@@ -307,3 +308,34 @@ def test_prestarted_workers_wait_idle_then_run_trials_and_unused_ones_end() -> N
         child.discard_spares()
     assert not child._spares
     assert _no_live_children()
+
+
+def test_a_killed_cli_leaves_no_worker_running() -> None:
+    """SIGKILL on `workbench run` mid-trial: the worker, re-parented, must end itself within seconds."""
+    cli, workers = start_cli_and_wait_for_steps(["run", "--steps", "100000", "--warmup", "1", "--no-store"])
+    assert any("workbench.measure.child" in " ".join(p.cmdline()) for p in workers), workers
+    cli.kill()
+    cli.communicate()
+    assert not still_running_after(workers, within_s=5)
+
+
+def test_a_worker_busy_in_its_job_ends_when_its_parent_dies(tmp_path: Path) -> None:
+    """A job that never reads its pipe (a paired session building or timing its models) still notices."""
+    script = tmp_path / "busy_parent.py"
+    script.write_text(
+        textwrap.dedent("""
+        import os, time
+        from workbench.measure.child import ChildProcess
+
+        def busy(requests, replies):
+            replies.send(os.getpid())
+            time.sleep(600)
+
+        child = ChildProcess(busy)
+        print(child.inbox.recv(), flush=True)
+        os._exit(0)
+    """)
+    )
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False)
+    worker = psutil.Process(int(proc.stdout.split()[0]))
+    assert not still_running_after([worker], within_s=5)

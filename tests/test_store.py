@@ -8,6 +8,8 @@ import multiprocessing
 import os
 import signal
 import sqlite3
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -345,6 +347,63 @@ def test_a_damaged_page_is_reported_not_reset(tmp_path: Path) -> None:
         read_everything()
     assert str(path) in str(info.value) and "left unchanged" in str(info.value)
     assert path.read_bytes() == bytes(data)
+
+
+def _one_trial_store(path: Path) -> bytes:
+    with Store(path) as opened:
+        opened.save_run([fake_result()])
+        opened._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return path.read_bytes()
+
+
+def _history_cli(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "workbench.cli", "history", "--store", str(path)],
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+
+
+# Offsets in a one-trial store: 4096 the runs table, 8192 the capability sets (its loss once hid the
+# trial: "no stored trials match", exit 0), 20480 an index (history still read, wrongly, as sound).
+@pytest.mark.parametrize("offset", [4096, 8192, 20480])
+def test_history_of_a_damaged_store_says_so_and_writes_nothing(tmp_path: Path, offset: int) -> None:
+    path = tmp_path / "history.sqlite"
+    data = bytearray(_one_trial_store(path))
+    data[offset : offset + 4096] = b"\xab" * 4096
+    path.write_bytes(bytes(data))
+    proc = _history_cli(path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert str(path) in proc.stderr and "left unchanged" in proc.stderr and not proc.stdout
+    assert path.read_bytes() == bytes(data)  # not a byte written: no PRAGMA optimize, no journal
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["history.sqlite"]
+
+
+def test_reading_history_leaves_a_sound_store_byte_for_byte(tmp_path: Path) -> None:
+    path = tmp_path / "history.sqlite"
+    before = _one_trial_store(path)
+    proc = _history_cli(path)
+    assert proc.returncode == 0 and "1 trial(s)" in proc.stdout, proc.stdout + proc.stderr
+    assert path.read_bytes() == before
+
+
+def _unwritable_place(tmp_path: Path, kind: str) -> Path:
+    if kind == "parent is a file":
+        (tmp_path / "taken").write_text("a file, not a folder")
+        return tmp_path / "taken" / "sub" / "history.sqlite"
+    if os.geteuid() == 0:  # root writes into a read-only folder; sysfs refuses even root
+        return Path("/sys/workbench-test-store/history.sqlite")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    return locked / "sub" / "history.sqlite"
+
+
+@pytest.mark.parametrize("kind", ["parent is a file", "read-only parent"])
+def test_a_store_path_that_cannot_be_created_is_one_line_and_exit_2(tmp_path: Path, kind: str) -> None:
+    path = _unwritable_place(tmp_path, kind)
+    proc = subprocess.run([sys.executable, "-m", "workbench.cli", "run", "--store", str(path), "--steps", "1"],
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"cannot create the run history {path}" in proc.stderr and "--store" in proc.stderr
 
 
 def test_a_foreign_sqlite_database_is_refused(tmp_path: Path) -> None:

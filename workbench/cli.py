@@ -34,24 +34,75 @@ class _Parser(argparse.ArgumentParser):
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    stdout = sys.stdout
+    sys.stdout = _ReaderMayLeave(stdout)  # type: ignore[assignment]
     try:
         return int(args.handler(args))
     except (ConfigError, WorkloadError, UsageError) as exc:
-        print(f"workbench {args.command}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _input_error(args, exc)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `workbench export | head`: the reader left, nothing is wrong
-        sys.stderr.close()
-        return 0
     except Exception as exc:
         from workbench.store import StoreError  # imported only when needed: keeps start-up lean
 
         if not isinstance(exc, StoreError):
             raise
-        print(f"workbench {args.command}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _input_error(args, exc)
+    finally:
+        sys.stdout.flush()
+        sys.stdout = stdout
+
+
+def _input_error(args: argparse.Namespace, exc: Exception) -> int:
+    """One line naming the problem; under --verbose, the traceback of the user's code that caused it."""
+    cause = exc.__cause__
+    more = " (--verbose shows the traceback)" if cause is not None and not getattr(args, "verbose", False) else ""
+    print(f"workbench {args.command}: error: {exc}{more}", file=sys.stderr)
+    if cause is not None and getattr(args, "verbose", False):
+        import traceback
+
+        print("".join(traceback.format_exception(cause)).rstrip(), file=sys.stderr)
+    return EXIT_USAGE
+
+
+class _ReaderMayLeave:
+    """stdout for `workbench ... | head`: when the reader leaves, the rest of the output is dropped
+    and the command still exits with its own code (a failed trial stays exit 1, not 0)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream, self._gone = stream, False
+
+    def write(self, text: str) -> int:
+        if not self._gone:
+            try:
+                self._stream.write(text)
+            except BrokenPipeError:
+                self._leave()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._leave()
+
+    def _leave(self) -> None:
+        import os
+
+        self._gone = True
+        # Python flushes stdout once more at exit: point the descriptor at /dev/null so that
+        # flush cannot fail again (the way the `signal` module's documentation advises).
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):  # not a real file (a test's capture): nothing to protect
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -131,6 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
     regress.add_argument("--json", action="store_true", help="print JSON instead of a table")
     regress.add_argument("--quiet", action="store_true", help="no progress line")
     regress.set_defaults(handler=_cmd_regress)
+    verbose_help = "show the full traceback of an error in your code (default: your file:line and the message)"
+    parser.add_argument("--verbose", "-v", action="store_true", help=verbose_help)
+    for command in sub.choices.values():  # after the command too: `workbench run ... --verbose`
+        command.add_argument("--verbose", "-v", action="store_true", default=argparse.SUPPRESS, help=verbose_help)
     return parser
 
 
@@ -176,16 +231,28 @@ def _add_trial_args(p: argparse.ArgumentParser, steps: int = 20, steps_help: str
     p.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps (default 3)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when present)")
     p.add_argument("--timeout", type=float, default=None, metavar="S",
-                   help="end a trial that makes no progress for S seconds (status 'timeout')")  # fmt: skip
+                   help="end a trial that makes no progress for S seconds once started (status 'timeout'); "
+                        "the worker's start-up gets 60 s more")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--quiet", action="store_true", help="no progress line")
 
 
 def _config(overrides: Sequence[str], base: TrainConfig | None = None) -> TrainConfig:
+    """Every --set at once, validated together: `--set prefetch_factor=4 --set num_workers=2` is one
+    valid configuration, whatever the order (later flags win for the same field)."""
+    from workbench.config import parse_overrides
+
     config = base or TrainConfig()
+    changes: dict[str, Any] = {}
     for text in overrides:
-        config = config.with_overrides(text)
-    return config
+        parsed = parse_overrides(text)
+        extra = {**changes.get("extra", {}), **parsed.pop("extra", {})}
+        changes.update(parsed)
+        if extra:
+            changes["extra"] = extra
+    if "extra" in changes:
+        changes["extra"] = {**config.extra, **changes["extra"]}
+    return config.replace(**changes)
 
 
 # --- commands -----------------------------------------------------------------------
@@ -205,7 +272,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     else:
         from workbench.report import run_summary
 
-        print(run_summary(result))
+        print(run_summary(result, verbose=getattr(args, "verbose", False)))
         if args.profile:
             from workbench.analysis.diagnose import diagnose_trial
 
@@ -220,6 +287,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     baseline = _config([args.baseline])
     candidates = [_config([text], base=baseline) for text in args.candidate]
     protocol = _protocol(args)
+    _check_on_device([baseline, *candidates], args.device, ["baseline", *(f"candidate '{c}'" for c in args.candidate)])
     with ProgressLine(enabled=not args.quiet and not args.json) as progress:
         outcome = run_comparison(args.workload, baseline, candidates, protocol=protocol, warmup=args.warmup,
                                  steps=args.steps, device=args.device, preset=args.preset, on_event=progress,
@@ -234,6 +302,18 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return EXIT_FAILED_TRIAL if failed or outcome.comparison.baseline.status != "ok" else 0
 
 
+def _check_on_device(configs: Sequence[TrainConfig], device: str | None, labels: Sequence[str]) -> None:
+    """Refuse any configuration this device cannot run before the first trial measures (and stores) anything."""
+    from workbench.device import check_config, resolve_device
+
+    dev = resolve_device(device)
+    for config, label in zip(configs, labels):
+        try:
+            check_config(config, dev)
+        except ConfigError as exc:
+            raise ConfigError(f"{label}: {exc}") from None
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     from workbench.export import export_config
 
@@ -241,6 +321,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if args.format == "snippet":
         print(export_config(config, "snippet", device=args.device))
     elif args.format == "command":
+        from workbench.workloads import load_workload
+
+        load_workload(args.workload, preset=args.preset, **config.extra)  # a command that cannot run is no export
         print(export_config(config, "command", workload=args.workload, preset=args.preset))
     else:
         print(export_config(config, "json"))
@@ -327,6 +410,8 @@ def _cmd_regress(args: argparse.Namespace) -> int:
     from workbench.store.reference import describe_trials, find_baselines, stored_current
 
     suite = load_suite(args.suite)
+    if not args.from_store:
+        _check_on_device([c.config for c in suite.configurations], args.device, [c.name for c in suite.configurations])
     repeats = suite.repeats if args.repeats is None else args.repeats
     if repeats < 1:
         raise UsageError(f"--repeats must be >= 1, got {repeats}")

@@ -60,7 +60,7 @@ def _cmd_diagnose(args: argparse.Namespace, make_config: Callable[[Sequence[str]
     else:
         from workbench.report import run_summary
 
-        print(run_summary(result))
+        print(run_summary(result, verbose=getattr(args, "verbose", False)))
         print()
         print(diagnosis.to_text(result))
     return 0 if result.ok else EXIT_FAILED_TRIAL
@@ -73,6 +73,7 @@ def _cmd_estimate(args: argparse.Namespace, make_config: Callable[[Sequence[str]
     budget = parse_bytes(args.memory_budget) if args.memory_budget else None
     if budget is not None and not args.max_batch_size:
         raise ConfigError("--memory-budget is the budget of --max-batch-size; add --max-batch-size")
+    _check_device_name(args.device_name, budget)
     if args.max_batch_size:
         search = max_batch_size(args.workload, config, args.device_name, budget, preset=args.preset)
         if args.json:
@@ -86,6 +87,19 @@ def _cmd_estimate(args: argparse.Namespace, make_config: Callable[[Sequence[str]
     else:
         print(estimate.to_text())
     return 0
+
+
+def _check_device_name(name: str, budget: int | None) -> None:
+    """A GPU the peak table does not know has no memory size or allocator figures to estimate with:
+    say so (a typo such as 'H1OO' must not become an estimate for an 'unknown' GPU)."""
+    from workbench.peak_specs import known_devices, lookup_spec
+
+    if name.strip().lower() == "cpu" or lookup_spec(name) is not None or budget is not None:
+        return
+    raise ConfigError(
+        f"unknown device '{name}' for --device-name (not in the peak table); known: cpu, {', '.join(known_devices())} "
+        "(or give --max-batch-size a --memory-budget for another GPU)"
+    )
 
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,

@@ -405,8 +405,8 @@ def _check_numbers(cfg: TrainConfig) -> None:
     cap = cfg.ddp_bucket_cap_mb
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < math.inf):
         raise ConfigError(f"ddp_bucket_cap_mb must be a positive number of MB (or none for 25), got {cap!r}")
-    if isinstance(cfg.lr, bool) or not isinstance(cfg.lr, (int, float)) or not cfg.lr > 0:
-        raise ConfigError(f"lr must be a positive number, got {cfg.lr!r}")
+    if isinstance(cfg.lr, bool) or not isinstance(cfg.lr, (int, float)) or not 0 < cfg.lr < math.inf:
+        raise ConfigError(f"lr must be a positive number, and finite, got {cfg.lr!r}")
 
 
 def _check_combinations(cfg: TrainConfig) -> None:

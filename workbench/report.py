@@ -12,10 +12,15 @@ if TYPE_CHECKING:
     from workbench.measure.result import TrialResult
 
 
-def run_summary(result: TrialResult) -> str:
-    lines = [f"{result.workload} [{result.preset}] on {result.device.get('name', '?')} — status {result.status}"]
+def run_summary(result: TrialResult, verbose: bool = False) -> str:
+    """The terminal summary; a failure in the user's code shows their file:line and message
+    (the whole traceback when `verbose`)."""
+    from workbench.usererror import brief_error
+
+    preset = f" [{result.preset}]" if result.preset else ""
+    lines = [f"{result.workload}{preset} on {result.device.get('name', '?')} — status {result.status}"]
     if not result.ok:
-        lines.append(result.message.strip())
+        lines.append(brief_error(result.message, verbose))
         return "\n".join(lines)
     phases = ", ".join(f"{k} {v:.1f}" for k, v in result.phase_medians_ms().items())
     lines += [

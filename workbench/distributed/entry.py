@@ -4,7 +4,8 @@ Two ways in. The launcher (`run_trial` with strategy ddp/fsdp2) passes `--spec` 
 config, window) and `--events` (the directory each rank reports into). On a cluster, the
 command `export.to_command` prints runs the same code on every node with `--workload`/`--set`
 arguments; rank 0 then prints the summary and writes `--out` JSON. Every rank reports its own
-failure before exiting, so the parent can name the rank that broke the trial.
+failure before exiting, so the parent can name the rank that broke the trial. Launched by the
+launcher, a rank ends itself, its siblings and torchrun when the launcher dies (`lifeline`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rank < 0:
         print("python -m workbench.distributed runs under torchrun (see workbench export --format command)")
         return EXIT_INPUT_ERROR
+    from workbench.measure.lifeline import end_with_launcher_from_env
+
+    end_with_launcher_from_env()  # a killed launcher must not leave the ranks holding the devices
     writer = RankWriter(args.events, rank) if args.events else None
     send = writer.send if writer is not None else (lambda message: None)
     send(("progress", -1, "starting", time.time()))  # alive: the parent's start-up allowance ends

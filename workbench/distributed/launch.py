@@ -30,6 +30,7 @@ from workbench.distributed.channel import RankReader
 from workbench.distributed.command import RANK_MODULE, torchrun_args
 from workbench.measure.events import EventSink
 from workbench.measure.follow import STARTUP_GRACE_S, EventRelay
+from workbench.measure.lifeline import LAUNCHER_PID_ENV
 from workbench.measure.request import TrialRequest
 from workbench.measure.result import TrialResult
 from workbench.measure.worker import pack_workload, workload_name
@@ -56,7 +57,7 @@ def run_distributed_trial(
     request: TrialRequest, on_event: EventSink | None = None, cancel: threading.Event | None = None
 ) -> TrialResult:
     """Run `request.config` (strategy ddp/fsdp2) as `config.nproc_per_node` ranks on this node."""
-    from workbench.device import check_config, resolve_device
+    from workbench.device import check_config, device_info, resolve_device
 
     config = request.config
     if request.isolation != "process":
@@ -91,6 +92,7 @@ def run_distributed_trial(
     try:
         relay = EventRelay(workload_name(request.workload), config, on_event)
         follower = _Follower(process, directory, config, relay, timeout)
+        relay.partial.device = device_info(dev).to_dict()  # a timeout or crash still says where it ran
         result = follower.follow(cancel)
         if follower.finished is not None:
             _wait_quietly(process, KILL_GRACE_S * 3)  # the ranks tear down their group and exit
@@ -114,6 +116,7 @@ def rank_environment(config: TrainConfig, device_type: str) -> dict[str, str]:
     """The caller's environment, plus its import path (a notebook's modules must import in the
     ranks, as with spawn) and, on CPU, the cores shared out between the ranks."""
     env = dict(os.environ)
+    env[LAUNCHER_PID_ENV] = str(os.getpid())  # the ranks end themselves (and torchrun) when we die
     package_root = str(Path(__file__).resolve().parents[2])
     paths = [package_root, *(p or os.getcwd() for p in sys.path), *env.get("PYTHONPATH", "").split(os.pathsep)]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p and os.path.isdir(p)))

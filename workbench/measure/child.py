@@ -7,7 +7,8 @@ only the workbench; the job — a module-level function and its arguments — ar
 cloudpickled through a pipe, and messages go back through another
 (`multiprocessing.connection.Connection` over raw pipe ends, so `send`/`recv`/`poll` work
 as with `Pipe()`). The child runs in its own session: ending its process group ends the
-DataLoader workers it started too.
+DataLoader workers it started too; and it ends that group itself when its parent dies
+(`lifeline`), whatever job it runs.
 """
 
 from __future__ import annotations
@@ -144,7 +145,8 @@ def _take_spare() -> _Spare | None:
 def _spawn(env: dict[str, str], spare: bool = False) -> tuple[subprocess.Popen[bytes], Connection, Connection]:
     request_read, request_write = os.pipe()
     reply_read, reply_write = os.pipe()
-    command = [sys.executable, "-m", MODULE, str(request_read), str(reply_write), *([SPARE_FLAG] if spare else [])]
+    command = [sys.executable, "-m", MODULE, str(request_read), str(reply_write), str(os.getpid()),
+               *([SPARE_FLAG] if spare else [])]  # fmt: skip
     try:
         process = subprocess.Popen(command, pass_fds=(request_read, reply_write), env=env, start_new_session=True)
     finally:
@@ -184,7 +186,10 @@ def _signal_group(pid: int, sig: int) -> None:
         pass
 
 
-def _main(request_fd: int, reply_fd: int, spare: bool = False) -> None:
+def _main(request_fd: int, reply_fd: int, parent_pid: int, spare: bool = False) -> None:
+    from workbench.measure.lifeline import end_with
+
+    end_with(parent_pid)  # first: a parent killed during our start-up must not leave us running
     import cloudpickle
 
     requests = Connection(request_fd, writable=False)
@@ -208,4 +213,4 @@ def _main(request_fd: int, reply_fd: int, spare: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    _main(int(sys.argv[1]), int(sys.argv[2]), spare=SPARE_FLAG in sys.argv[3:])
+    _main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), spare=SPARE_FLAG in sys.argv[4:])

@@ -33,11 +33,12 @@ def run_in_worker(
     request: TrialRequest, on_event: EventSink | None = None, cancel: threading.Event | None = None
 ) -> TrialResult:
     """A trial in a fresh worker process: the parent side."""
-    from workbench.device import check_config, resolve_device
+    from workbench.device import check_config, device_info, resolve_device
     from workbench.measure.child import ChildProcess
     from workbench.measure.compile_cache import fresh_cache_environment
 
-    check_config(request.config, resolve_device(request.device))  # refuse bad input before paying for a process
+    dev = resolve_device(request.device)
+    check_config(request.config, dev)  # refuse bad input before paying for a process
     payload = _payload(request.workload, request.preset, request.config)
     # The `finally` below ends the worker (and the DataLoader workers it started) whatever happens;
     # an empty compile cache (WORKBENCH_COMPILE_CACHE=fresh) is removed only after that.
@@ -46,6 +47,7 @@ def run_in_worker(
                              memory_limit_bytes=request.memory_limit_bytes, env=env)  # fmt: skip
         try:
             relay = EventRelay(workload_name(request.workload), request.config, on_event)
+            relay.partial.device = device_info(dev).to_dict()  # a timeout or crash still says where it ran
             return _follow(child, relay, cancel, request.timeout_s)
         finally:
             child.stop()
@@ -129,8 +131,10 @@ def _follow(process: Any, relay: EventRelay, cancel: threading.Event | None, tim
             return relay.end("cancelled", "cancelled by the caller; the worker was stopped")
         allowed = None if timeout_s is None else timeout_s + (STARTUP_GRACE_S if relay.started_s is None else 0.0)
         if allowed is not None and time.monotonic() - last_progress > allowed:
-            what = "no progress for" if relay.started_s is not None else "the trial had not started after"
-            return relay.end("timeout", f"{what} {allowed:g} s; the worker was killed")
+            if relay.started_s is None:
+                return relay.end("timeout", f"the worker did not start the trial within {allowed:g} s (the timeout "
+                                            f"plus {STARTUP_GRACE_S:g} s for start-up); it was killed")  # fmt: skip
+            return relay.end("timeout", f"no progress for {allowed:g} s; the worker was killed")
         try:
             ready = receiver.poll(POLL_S)
             message = receiver.recv() if ready else None

@@ -26,7 +26,7 @@ from workbench.optimizations.optimizer import apply_optimizer
 from workbench.optimizations.precision import apply_fp32_precision
 from workbench.optimizations.record import Applied
 from workbench.optimizations.threads import apply_intra_op_threads
-from workbench.workloads.base import Batch, Workload, move_batch
+from workbench.workloads.base import Batch, Workload, WorkloadError, move_batch
 
 Mark = Callable[[str], None]
 
@@ -181,7 +181,7 @@ class TrainStep:
                 with _entered(self._attention):
                     with _entered(self._autocast):
                         output = self.workload.forward_fn(self.model, batch)
-                        loss = self.workload.loss_fn(output, batch)
+                        loss = scalar_loss(self.workload.loss_fn(output, batch), self.workload.name)
                     if mark is not None:
                         mark("forward")
                     scaled = loss / count  # mean over micro-batches = gradient of the whole batch
@@ -208,3 +208,15 @@ class TrainStep:
 def _entered(factory: ContextFactory | None) -> AbstractContextManager[object]:
     """A fresh context from an optional toggle's factory; a no-op when the toggle is off."""
     return factory() if factory is not None else nullcontext()
+
+
+def scalar_loss(loss: object, workload_name: str) -> torch.Tensor:
+    """The loss, or a WorkloadError saying what loss_fn returned instead (a None or a per-sample
+    tensor would otherwise fail later as an unrelated TypeError in the division or backward)."""
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point():
+        return loss
+    got = f"a {loss.dtype} tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else repr(loss)[:60]
+    raise WorkloadError(
+        f"workload '{workload_name}': loss_fn must return a scalar tensor (one float value to minimise), got {got}; "
+        "return e.g. torch.nn.functional.cross_entropy(output, target), or .mean() of a per-sample loss"
+    )

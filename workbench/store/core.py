@@ -97,11 +97,13 @@ class Store:
         self._conn = connect(self.path, create=create)
         self._conn.row_factory = sqlite3.Row
         self._lock = threading.Lock()
+        self._wrote = False
 
     def close(self) -> None:
         with self._lock:
             try:
-                self._conn.execute("PRAGMA optimize")  # SQLite's advice on closing: keeps query plans good
+                if self._wrote:  # SQLite's advice on closing: keeps query plans good; a reader leaves the file be
+                    self._conn.execute("PRAGMA optimize")
             except sqlite3.Error:
                 pass  # closing must not fail on a busy or read-only file
             self._conn.close()
@@ -285,6 +287,7 @@ class Store:
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         with self._lock, write_transaction(self._conn, self.path) as conn:
+            self._wrote = True
             yield conn
 
     def _insert_run(self, conn: sqlite3.Connection, kind: str, label: str) -> int:

@@ -60,6 +60,7 @@ def load_workload(spec: str | Workload, preset: str = "tiny", **options: Any) ->
     slow_step_ms = float(options.pop("slow_step_ms", 0.0) or 0.0)
     builtins = builtin_workloads()
     if spec in builtins:
+        _check_options(spec, builtins[spec].builder, options)
         workload = builtins[spec].builder(preset, **options)
         workload.source = {"kind": "builtin", "name": spec, "preset": preset, "options": all_options}
         return with_step_delay(workload, slow_step_ms)
@@ -97,12 +98,30 @@ def _sleep(seconds: float) -> None:
     torch.compiler.disable(time.sleep)(seconds)
 
 
+def _check_options(name: str, builder: Callable[..., Workload], options: dict[str, Any]) -> None:
+    """Refuse a workload option the builder does not take (`--set extra.KEY=V`), naming those it does."""
+    params = inspect.signature(builder).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    known = [n for n, p in params.items() if n != "preset" and p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise WorkloadError(
+            f"workload '{name}' has no option {', '.join(repr(u) for u in unknown)}; its options: "
+            f"{', '.join(sorted([*known, 'slow_step_ms']))} (set as extra.NAME=VALUE)"
+        )
+
+
 def _import_spec(spec: str, preset: str, options: dict[str, Any]) -> Workload:
     module_name, _, attr_path = spec.partition(":")
+    if not module_name.strip() or not attr_path.strip():
+        raise WorkloadError(f"workload spec '{spec}' needs both parts: 'package.module:function'")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise WorkloadError(f"cannot import '{module_name}' from spec '{spec}': {exc}; is it on PYTHONPATH?") from None
+    except Exception as exc:  # the user's module itself is broken: a SyntaxError, an error at import time
+        raise WorkloadError(f"importing '{module_name}' (spec '{spec}') failed: {_where(exc)}") from exc
     obj: Any = module
     for part in attr_path.split("."):
         if not hasattr(obj, part):
@@ -112,12 +131,33 @@ def _import_spec(spec: str, preset: str, options: dict[str, Any]) -> Workload:
         return obj
     if not callable(obj):
         raise WorkloadError(f"'{spec}' is a {type(obj).__name__}; it must be a Workload or a function returning one")
-    result = obj(**_accepted_kwargs(obj, {"preset": preset, **options}))
+    kwargs = _accepted_kwargs(obj, {"preset": preset, **options})
+    ignored = sorted(set(options) - set(kwargs))
+    if ignored:
+        raise WorkloadError(f"'{spec}' takes no option {', '.join(repr(i) for i in ignored)}; add it to its parameters")
+    try:
+        result = obj(**kwargs)
+    except Exception as exc:  # a bug in the user's factory: their frame and message, the traceback under --verbose
+        raise WorkloadError(f"'{spec}' raised while building the workload: {_where(exc)}") from exc
     if not isinstance(result, Workload):
         raise WorkloadError(
             f"'{spec}' returned {type(result).__name__}, not a Workload; build one with Workload.from_callables"
         )
+    if result.preset is None and "preset" in kwargs:
+        result.preset = preset  # the factory was given it: the results say which size ran
+    if result.name == "custom":  # from_callables' default name says nothing; the spec does
+        result.name = spec
     return result
+
+
+def _where(exc: BaseException) -> str:
+    """`Type: message (file:line)` of the innermost frame, or of the line a SyntaxError points at."""
+    from workbench.usererror import user_frame
+
+    if isinstance(exc, SyntaxError):
+        return f"SyntaxError: {exc.msg} ({exc.filename}:{exc.lineno})"
+    frame = user_frame(exc)
+    return f"{type(exc).__name__}: {exc}" + (f" ({frame.filename}:{frame.lineno})" if frame else "")
 
 
 def _accepted_kwargs(fn: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
