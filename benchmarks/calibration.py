@@ -87,9 +87,8 @@ def _one(base: TrainConfig, cand: TrainConfig, protocol: Protocol, preset: str, 
 
 def _fmt(r: dict) -> str:
     ci = f"[{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]" if r["ci"] else "n/a"
-    return (
-        f"{r['speedup']:.3f} {ci} {r['verdict']} ({r['rounds']} rounds, {r['seconds']:.0f} s, truth {r['truth']:.3f})"
-    )
+    speedup = f"{r['speedup']:.3f}" if r["speedup"] is not None else "n/a (a trial failed)"
+    return f"{speedup} {ci} {r['verdict']} ({r['rounds']} rounds, {r['seconds']:.0f} s, truth {r['truth']:.3f})"
 
 
 if __name__ == "__main__":
