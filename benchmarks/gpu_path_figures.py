@@ -1,6 +1,7 @@
 """Figures that confirm the GPU-path fixes of issue 18 on a lent GPU (and what a CPU can show).
 
-One short section per fix: the peak-table row this GPU gets, NVLink counters over all links
+One short section per fix: the CUDA-graph peak against eager, a trial on cuda:1, where the
+distributed peak is read, the peak-table row this GPU gets, NVLink counters over all links
 against link 0 alone, the timed window under sync-debug mode, bf16 gating by compute
 capability, DDP bucket views' memory, the recommendation for a step with host syncs, and the
 caching allocator's block sizes against the estimator's model. Without CUDA the GPU sections
@@ -226,6 +227,60 @@ def allocator_model() -> None:
         )
 
 
+class HeldActivations(nn.Module):
+    """~64 MiB of activations kept for backward at batch 2048: a peak the weights cannot explain."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(*(nn.Linear(1024, 1024) for _ in range(8)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+def graph_capture_peak() -> None:
+    from workbench.config import TrainConfig
+    from workbench.trials import run_trial
+    from workbench.workloads import Workload
+
+    workload = Workload.from_callables(
+        model_fn=HeldActivations,
+        batch_fn=lambda n, g: (torch.randn(n, 1024, generator=g), torch.randn(n, 1024, generator=g)),
+        loss_fn=lambda out, batch: nn.functional.mse_loss(out, batch[1]),
+        batch_size=2048,
+    )
+    peaks = {}
+    for graphs in (False, True):
+        result = run_trial(workload, TrainConfig(cuda_graphs=graphs), warmup=3, steps=5, device="cuda")
+        peaks[graphs] = result.peak_memory_bytes or 0
+        print(
+            f"   cuda_graphs={graphs}: {result.status}, peak {peaks[graphs] / MIB:.1f} MiB ({result.memory_method[:90]})"
+        )
+    expect(peaks[True] >= 0.8 * peaks[False], "a CUDA-graph trial reports far less peak memory than eager")
+
+
+def second_device() -> None:
+    from workbench.config import TrainConfig
+    from workbench.trials import run_trial
+
+    if torch.cuda.device_count() < 2:
+        print("   skipped: one CUDA device")
+        return
+    result = run_trial("e2e-planner", TrainConfig(cuda_graphs=True), warmup=3, steps=5, device="cuda:1")
+    print(f"   cuda:1 with cuda_graphs: {result.status}, median {result.median_step_ms or 0:.2f} ms")
+    expect(result.ok, f"a cuda_graphs trial on cuda:1 failed: {result.message[:120]}")
+
+
+def distributed_peak() -> None:
+    from workbench.config import TrainConfig
+    from workbench.trials import run_trial
+
+    result = run_trial("e2e-planner", TrainConfig(strategy="ddp", nproc_per_node=1), warmup=2, steps=5,
+                       device="cuda", timeout_s=240)  # fmt: skip
+    print(f"   ddp x1: {result.status}, peak {(result.peak_memory_bytes or 0) / MIB:.2f} MiB; {result.memory_method}")
+    expect("right after the timed window" in result.memory_method, "the distributed peak is not read after the window")
+
+
 SECTIONS: list[tuple[str, Callable[[], None], bool]] = [
     ("6 peak table row for this device", peak_table, False),
     ("3 NVLink counters: all links vs link 0", nvlink, False),
@@ -234,6 +289,9 @@ SECTIONS: list[tuple[str, Callable[[], None], bool]] = [
     ("4 timed window under sync-debug mode (inline trial)", sync_free_window, True),
     ("10 recommendation for an idle GPU whose step syncs", recommendation_with_syncs, True),
     ("7 DDP gradient_as_bucket_view peak memory (1 rank)", ddp_bucket_views, True),
+    ("1 CUDA-graph peak includes the capture (vs eager)", graph_capture_peak, True),
+    ("2 a CUDA-graph trial on cuda:1", second_device, True),
+    ("9 distributed peak read right after the timed window", distributed_peak, True),
 ]
 
 
