@@ -120,7 +120,7 @@ def test_step_time_chart_gains_points_while_the_trial_runs(page: Page) -> None:
     _run_cell(page, 1)  # imports and settings
     _run_cell(page, 3)  # the app
     app = page.locator(".jp-NotebookPanel .jp-Cell").nth(3)
-    app.locator("button:has-text('Run baseline')").wait_for(timeout=120_000)
+    app.locator("button:has-text('Run baseline')").wait_for(timeout=120_000)  # the Tune tab's buttons are hidden
     page.wait_for_function(f"() => ({POINTS_JS})().length > 0", timeout=60_000)
     steps = app.locator(".widget-inline-hbox:has(label:text-is('steps')) input")
     steps.fill(str(LIVE_STEPS))  # far more than the test waits for: the trial is surely still running
@@ -137,7 +137,7 @@ def test_step_time_chart_gains_points_while_the_trial_runs(page: Page) -> None:
     app.locator(".bk-Canvas, canvas").first.scroll_into_view_if_needed()
     _shot(page, "live")
 
-    app.locator("button:has-text('Cancel')").click()  # and Cancel works from the page
+    app.locator("button:has-text('Cancel')").filter(visible=True).click()  # and Cancel works (the Tune tab has its own)
     app.locator(":text('#1: cancelled')").wait_for(timeout=60_000)
     _shot(page, "cancelled")
 
@@ -170,14 +170,14 @@ def test_copy_and_insert_the_exported_snippet(page: Page) -> None:
     cells = page.locator(".jp-NotebookPanel .jp-Cell")
     app = cells.filter(has_text="late = Workbench").first
     index = next(i for i in range(cells.count()) if "late = Workbench" in cells.nth(i).inner_text())
-    copy = app.locator("button:has-text('Copy snippet')")
+    copy = app.locator("button:has-text('Copy snippet')").filter(visible=True)  # not the Tune tab's export
     copy.scroll_into_view_if_needed()
     copy.click()
-    app.locator("button:has-text('Copied')").wait_for(timeout=10_000)
+    app.locator("button:has-text('Copied')").filter(visible=True).wait_for(timeout=10_000)
     clipboard = page.evaluate("() => navigator.clipboard.readText()")
     assert "def optimize_model" in clipboard
     count = cells.count()
-    app.locator("button:has-text('Insert as next cell')").click()
+    app.locator("button:has-text('Insert as next cell')").filter(visible=True).click()
     page.wait_for_function(
         f"() => document.querySelectorAll('.jp-NotebookPanel .jp-Cell').length > {count}", timeout=20_000
     )

@@ -71,7 +71,7 @@ def connect(path: Path, *, create: bool = True) -> sqlite3.Connection:
         conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
         _check_and_migrate(conn, path)
         # Only now, on a file we accept: switching to WAL writes the file header.
-        conn.execute("PRAGMA journal_mode = WAL")
+        _use_wal(conn)
         # In WAL mode NORMAL keeps every commit atomic and survives a killed process;
         # only a power cut may lose the last commits (never corrupt the file).
         conn.execute("PRAGMA synchronous = NORMAL")
@@ -153,6 +153,22 @@ def explain(exc: sqlite3.Error, path: Path) -> StoreError:
 
 
 # --- internals ----------------------------------------------------------------------
+
+
+def _use_wal(conn: sqlite3.Connection) -> None:
+    """Switch the file to WAL unless it is already. The switch needs the file to itself; while
+    another process reads it (its integrity check, as several writers race to create one store)
+    it failed here with "database is locked" despite the busy timeout: retry it until that timeout."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            if str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc).lower() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def _make_folder(path: Path) -> None:
