@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from sleepy_workload import sleepy_workload
 from torch import nn
 
 from workbench.analysis.compare import CandidateComparison, TrialSummary
@@ -218,31 +219,6 @@ def test_the_estimate_decides_before_a_trial_is_spent() -> None:
 # --- real searches (inline trials of a tiny model whose step time is set by the OS clock) ---------
 
 
-class _SleepyNet(nn.Module):
-    """A step sleeps 4 ms + 0.5 ms per sample: per sample, batch 8 (1.0 ms) beats batch 4 (1.5 ms)
-    by 1.5x — the independent truth the search must find (other per-step costs push it towards 2x)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(4, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(0.004 + 0.0005 * x.shape[0])
-        return self.linear(x)
-
-
-def _sleepy() -> Any:
-    from workbench.workloads import Workload
-
-    return Workload.from_callables(
-        model_fn=_SleepyNet,
-        batch_fn=lambda n, g: (torch.randn(n, 4, generator=g), torch.randn(n, 1, generator=g)),
-        loss_fn=lambda out, batch: nn.functional.mse_loss(out, batch[1]),
-        batch_size=4,
-        name="sleepy",
-    )
-
-
 SPACE = {"batch_size": [2, 4, 8], "optimizer_impl": ["for-loop", "foreach"]}
 WINDOW = dict(steps=4, warmup=1, isolation="inline", track_memory=False, device="cpu")
 
@@ -259,13 +235,13 @@ def test_stopped_search_resumes_from_the_store_without_repeating_and_verifies_th
                 stop.set()
 
     protocol = Protocol(design="processes", precision=0.1)
-    first = tune(_sleepy(), budget_s=60, space=SPACE, protocol=protocol, store=path, cancel=stop,
+    first = tune(sleepy_workload(), budget_s=60, space=SPACE, protocol=protocol, store=path, cancel=stop,
                  on_update=after_two, **WINDOW)  # fmt: skip
     assert first.stop_reason == "cancelled" and first.best() is None
     measured_first = {json.dumps(t.params, sort_keys=True) for t in first.trials if t.result is not None}
     assert len(measured_first) >= 2
 
-    second = tune(_sleepy(), budget_s=60, space=SPACE, protocol=protocol, store=path, resume=True, **WINDOW)
+    second = tune(sleepy_workload(), budget_s=60, space=SPACE, protocol=protocol, store=path, resume=True, **WINDOW)
     assert second.run_id == first.run_id and second.resumed_trials >= 2
     new = [t for t in second.trials if not t.resumed and t.stage == "screen"]
     assert not {json.dumps(t.params, sort_keys=True) for t in new} & measured_first, "resume repeated a trial"
@@ -300,7 +276,7 @@ def test_a_crashing_configuration_is_recorded_and_the_search_goes_on(tmp_path: P
             raise RuntimeError("batch 2 is broken on purpose")
         return torch.randn(n, 4, generator=g), torch.randn(n, 1, generator=g)
 
-    wl = replace(_sleepy(), batch_fn=crashing_batches)
+    wl = replace(sleepy_workload(), batch_fn=crashing_batches)
     result = tune(wl, budget_s=25, space={"batch_size": [2, 4, 8]}, store=tmp_path / "h.sqlite",
                   protocol=Protocol(design="processes", precision=0.1), seed_from_diagnosis=False, **WINDOW)  # fmt: skip
     crashed = [t for t in result.trials if t.params.get("batch_size") == 2]
@@ -311,13 +287,13 @@ def test_a_crashing_configuration_is_recorded_and_the_search_goes_on(tmp_path: P
 
 def test_tune_refuses_bad_input_before_any_trial() -> None:
     with pytest.raises(ConfigError, match="too small for even one round"):
-        tune(_sleepy(), budget_s=5, space=SPACE, store=None, **WINDOW)
+        tune(sleepy_workload(), budget_s=5, space=SPACE, store=None, **WINDOW)
     with pytest.raises(ConfigError, match="below the model's parameters"):
-        tune(_sleepy(), budget_s=60, space=SPACE, max_memory_bytes=8, store=None, **WINDOW)
+        tune(sleepy_workload(), budget_s=60, space=SPACE, max_memory_bytes=8, store=None, **WINDOW)
     with pytest.raises(ConfigError, match="empty"):
-        tune(_sleepy(), budget_s=60, space={}, store=None, **WINDOW)
+        tune(sleepy_workload(), budget_s=60, space={}, store=None, **WINDOW)
     with pytest.raises(ConfigError, match="no earlier tune"):
-        tune(_sleepy(), budget_s=60, space=SPACE, store=Path("/tmp") / f"wb-none-{time.time()}.sqlite", resume=True,
+        tune(sleepy_workload(), budget_s=60, space=SPACE, store=Path("/tmp") / f"wb-none-{time.time()}.sqlite", resume=True,
              **WINDOW)  # fmt: skip
 
 

@@ -5,12 +5,10 @@ is faster than batch 4 by construction, so the winner the view shows has an inde
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
-import torch
-from torch import nn
+from sleepy_workload import sleepy_workload
 
 from workbench.protocol import Protocol
 from workbench.workloads import Workload
@@ -21,26 +19,6 @@ pytest.importorskip("jupyter_bokeh")
 from workbench.ui.tune_view import TuneView
 
 
-class _Sleepy(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(4, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(0.004 + 0.0005 * x.shape[0])
-        return self.linear(x)
-
-
-def _workload() -> Workload:
-    return Workload.from_callables(
-        model_fn=_Sleepy,
-        batch_fn=lambda n, g: (torch.randn(n, 4, generator=g), torch.randn(n, 1, generator=g)),
-        loss_fn=lambda out, batch: nn.functional.mse_loss(out, batch[1]),
-        batch_size=4,
-        name="sleepy",
-    )
-
-
 def _spec(workload: Workload) -> dict[str, Any]:
     options = {"isolation": "inline", "track_memory": True, "protocol": Protocol(design="processes", precision=0.1),
                "store": None, "seed_from_diagnosis": False}  # fmt: skip
@@ -48,7 +26,7 @@ def _spec(workload: Workload) -> dict[str, Any]:
 
 
 def test_tune_tab_shows_trials_arriving_then_the_verified_winner_and_its_export() -> None:
-    workload = _workload()
+    workload = sleepy_workload()
     view = TuneView(lambda: _spec(workload), insert_cell=lambda text: "inserted")
     view.refresh_space()
     assert "batch_size" in view._selectors and "amp" in view._selectors
@@ -81,7 +59,7 @@ def test_tune_tab_shows_trials_arriving_then_the_verified_winner_and_its_export(
 
 
 def test_a_bad_max_memory_is_refused_in_the_view() -> None:
-    workload = _workload()
+    workload = sleepy_workload()
     view = TuneView(lambda: _spec(workload), insert_cell=lambda text: "inserted")
     view.max_memory.value = "lots"
     assert not view.start()
@@ -91,7 +69,7 @@ def test_a_bad_max_memory_is_refused_in_the_view() -> None:
 def test_the_app_has_a_tune_tab() -> None:
     from workbench.ui import Workbench
 
-    app = Workbench(_workload(), device="cpu")
+    app = Workbench(sleepy_workload(), device="cpu")
     try:
         tabs = [w for w in app.widget.children if hasattr(w, "titles") and "Tune" in (w.titles or ())]
         assert tabs and app.tune.widget in tabs[0].children
