@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from workbench.textfmt import format_bytes, format_ms, table
@@ -34,6 +35,7 @@ def run_summary(result: TrialResult, verbose: bool = False) -> str:
         if result.losses
         else "loss            n/a",
     ]
+    lines += utilization_lines(result)
     if result.applied:
         lines.append(
             "applied         " + "; ".join(f"{a['toggle']}={a['value']}: {a['detail']}" for a in result.applied)
@@ -113,3 +115,46 @@ def _signed_bytes(value: int | None) -> str:
     if value is None:
         return "n/a"
     return ("+" if value >= 0 else "") + format_bytes(value)
+
+
+def utilization_lines(result: TrialResult) -> list[str]:
+    """The timed window's utilization and energy: what the trial used of its device, and who else was busy."""
+    util = result.utilization or {}
+    lines = []
+    cpu = util.get("cpu")
+    if cpu:
+        spread = cpu.get("cores_used_spread")
+        p = f", p10-p90 {spread['p10']:.2f}-{spread['p90']:.2f}" if spread and cpu.get("samples", 0) >= 3 else ""
+        lines.append(
+            f"CPU (window)    trial {cpu['cores_used']:.2f} of {cpu['cores_available']} cores ({cpu['util_pct']:.0f}%{p}); "
+            f"host {cpu['host_pct']:.0f}% busy, other processes {cpu['other_cores']:.2f} cores"
+        )
+    gpu = util.get("gpu")
+    if gpu:
+        parts = [f"{name} {_spread_text(gpu.get(key), fmt)}" for key, name, fmt in _GPU_FIGURES if gpu.get(key)]
+        lines.append(f"GPU {gpu['nvml_index']} (window) " + ", ".join(parts))
+    energy = result.energy
+    if energy and energy.get("available"):
+        per_sample = energy.get("per_sample_j")
+        lines.append(
+            f"energy          {energy['per_step_j']:.3g} J/step"
+            + (f", {per_sample:.3g} J/sample" if per_sample is not None else "")
+            + f" ({energy['mean_power_w']:.0f} W mean over the window)"
+        )
+    elif energy:
+        lines.append(f"energy          n/a: {energy.get('reason', '')}")
+    return lines
+
+
+_GPU_FIGURES: tuple[tuple[str, str, Callable[[float], str]], ...] = (
+    ("util_pct", "util", lambda v: f"{v:.0f}%"),
+    ("mem_util_pct", "mem-bandwidth util", lambda v: f"{v:.0f}%"),
+    ("sm_clock_mhz", "SM clock", lambda v: f"{v:.0f} MHz"),
+    ("mem_used_bytes", "memory used", lambda v: format_bytes(int(v))),
+)
+
+
+def _spread_text(figures: dict[str, float] | None, fmt: Callable[[float], str]) -> str:
+    if not figures:
+        return "n/a"
+    return f"{fmt(figures['median'])} (p10-p90 {fmt(figures['p10'])}-{fmt(figures['p90'])})"

@@ -75,6 +75,15 @@ class TrialResult:
     distributed: dict[str, Any] | None = None
     """Distributed trials: strategy, backend, world size, per-rank compute/communication/overlap from
     the profiled window, all-reduce bandwidth and rank skew (`workbench.distributed.stats`)."""
+    timed_window: list[float] | None = None
+    """[start, end] of the timed window in `time.time()` seconds (the device monitor's clock)."""
+    utilization: dict[str, Any] | None = None
+    """The timed window's utilization (`measure.utilization`): 'cpu' (cores used of those the trial
+    may use, host busy, other processes' cores, spread), 'gpu' (NVML utilization, memory-bandwidth
+    utilization, SM clock, memory used: median, p10, p90; None on CPU) and 'gpu_reason'."""
+    energy: dict[str, Any] | None = None
+    """The timed window's energy: 'available', and 'joules', 'per_step_j', 'per_sample_j',
+    'mean_power_w' from the GPU's energy counter — or the 'reason' there is none."""
 
     # --- derived figures -----------------------------------------------------------
 

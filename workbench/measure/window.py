@@ -22,6 +22,7 @@ from workbench.measure.events import EventSink, StepMeasured
 from workbench.measure.memory import read_cuda_peak, reset_cuda_peak
 from workbench.measure.result import TrialResult
 from workbench.measure.timing import make_clock, synchronize
+from workbench.measure.utilization import WindowProbe
 
 if TYPE_CHECKING:
     from workbench.optimizations.build import TrainStep
@@ -63,16 +64,25 @@ def run_window(
         reset_cuda_peak(dev)
 
     clock = make_clock(dev)
-    for offset in range(result.steps):
-        check()
-        index = result.warmup + offset
-        one_step(train_step, batches, clock=clock, losses=losses, index=index, on_phase=on_phase)
-        for timing in clock.poll():
+    probe = WindowProbe(dev)  # opened before the window: NVML's start-up is not the trial's
+    probe.start()
+    try:
+        for offset in range(result.steps):
+            check()
+            index = result.warmup + offset
+            one_step(train_step, batches, clock=clock, losses=losses, index=index, on_phase=on_phase)
+            for timing in clock.poll():
+                _record_timed(result, losses, timing, emit)
+            if dev.type == "cpu" and not math.isfinite(losses.values[index] or 0.0):
+                break
+        for timing in clock.finish():
             _record_timed(result, losses, timing, emit)
-        if dev.type == "cpu" and not math.isfinite(losses.values[index] or 0.0):
-            break
-    for timing in clock.finish():
-        _record_timed(result, losses, timing, emit)
+    except BaseException:
+        probe.abandon()
+        raise
+    probe.stop(len(result.step_ms), result.samples_per_step)
+    result.timed_window = list(probe.window) if probe.window else None
+    result.utilization, result.energy = probe.utilization, probe.energy
     if dev.type == "cuda":
         _record_cuda_peak(result, dev, capture_peak)
     result.losses = losses.finalize()

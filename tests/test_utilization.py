@@ -1,0 +1,185 @@
+"""Per-trial utilization and energy over the timed window, against independent readings.
+
+The truths: psutil's CPU times of this process read from the trial's own events (the last
+warm-up step, the last timed step), the CPU seconds a busy loop spends by its own thread
+clock, a step that only sleeps, and energy counters whose arithmetic is done by hand.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psutil
+import pytest
+import torch
+from torch import nn
+
+from workbench.config import TrainConfig
+from workbench.measure import StepMeasured, TrialResult
+from workbench.measure.utilization import cpu_figures, energy_figures, spread
+from workbench.trials import run_trial
+from workbench.workloads import Workload
+
+SPIN_CPU_S = 0.025
+SLEEP_S = 0.05
+
+
+class Spin(nn.Module):
+    """Forward burns a fixed amount of this thread's CPU time (not wall time: a loaded host
+    slows the loop down, it does not change the CPU it costs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        end = time.thread_time() + SPIN_CPU_S
+        while time.thread_time() < end:
+            pass
+        return self.linear(x)
+
+
+class Nap(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(SLEEP_S)
+        return self.linear(x)
+
+
+def _workload(model: type[nn.Module], name: str) -> Workload:
+    return Workload.from_callables(
+        model_fn=model,
+        batch_fn=lambda n, g: (torch.randn(n, 4, generator=g), torch.randn(n, 1, generator=g)),
+        loss_fn=lambda out, batch: nn.functional.mse_loss(out, batch[1]),
+        batch_size=4,
+        name=name,
+    )
+
+
+class EdgeReadings:
+    """psutil's process CPU times and the wall clock at the last warm-up step's event and at each
+    timed step's event: the window's edges as the trial itself reported them."""
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup = warmup
+        self.process = psutil.Process()
+        self.start: tuple[float, float] | None = None
+        self.timed: list[tuple[float, float]] = []
+
+    def __call__(self, event: Any) -> None:
+        if not isinstance(event, StepMeasured):
+            return
+        times = self.process.cpu_times()
+        reading = (time.time(), times.user + times.system)
+        if not event.timed and event.step == self.warmup - 1:
+            self.start = reading
+        elif event.timed:
+            self.timed.append(reading)
+
+
+@pytest.fixture(scope="module")
+def spin() -> tuple[TrialResult, EdgeReadings]:
+    edges = EdgeReadings(warmup=1)
+    result = run_trial(_workload(Spin, "spin"), TrainConfig(), steps=10, warmup=1, track_memory=False,
+                       isolation="inline", on_event=edges)  # fmt: skip
+    assert result.ok, result.message
+    return result, edges
+
+
+@pytest.fixture(scope="module")
+def nap() -> TrialResult:
+    result = run_trial(_workload(Nap, "nap"), TrainConfig(), steps=4, warmup=1, track_memory=False, isolation="inline")
+    assert result.ok, result.message
+    return result
+
+
+def test_cpu_attribution_matches_psutil_over_the_window(spin: tuple[TrialResult, EdgeReadings]) -> None:
+    result, edges = spin
+    assert edges.start is not None and edges.timed
+    psutil_cpu_s = edges.timed[-1][1] - edges.start[1]
+    cpu = result.utilization["cpu"] if result.utilization else {}
+    probe_cpu_s = cpu["cores_used"] * cpu["window_s"]
+    assert probe_cpu_s == pytest.approx(psutil_cpu_s, rel=0.10)
+
+
+def test_a_busy_loop_reads_about_one_core_a_sleeping_step_about_none(
+    spin: tuple[TrialResult, EdgeReadings], nap: TrialResult
+) -> None:
+    busy = spin[0].utilization["cpu"] if spin[0].utilization else {}
+    idle = nap.utilization["cpu"] if nap.utilization else {}
+    # The loop's own thread clock: 10 steps of SPIN_CPU_S each, plus a little framework work.
+    assert busy["cores_used"] * busy["window_s"] == pytest.approx(10 * SPIN_CPU_S, rel=0.25)
+    # One thread cannot use more than one core; a loaded host can only take some away, and the
+    # probe says who: the trial's share plus the other processes' cores fill what was busy.
+    assert busy["cores_used"] <= 1.1
+    assert busy["cores_used"] >= 0.85 or busy["other_cores"] >= 0.3
+    assert idle["cores_used"] < 0.15
+    assert busy["cores_used"] > 5 * idle["cores_used"]
+    assert busy["cores_available"] == len(psutil.Process().cpu_affinity())
+    assert busy["util_pct"] == pytest.approx(100 * busy["cores_used"] / busy["cores_available"])
+
+
+def test_the_recorded_window_is_the_timed_steps_alone(spin: tuple[TrialResult, EdgeReadings]) -> None:
+    result, edges = spin
+    assert result.timed_window is not None and edges.start is not None
+    start, end = result.timed_window
+    assert edges.start[0] <= start <= edges.timed[0][0]  # after warm-up ended, before the first timed step ended
+    assert edges.timed[-1][0] <= end <= edges.timed[-1][0] + 0.05
+    assert end - start == pytest.approx(sum(result.step_ms) / 1000.0, rel=0.1)
+
+
+def test_cpu_figures_from_constructed_readings() -> None:
+    # (monotonic s, trial CPU s, host busy s): 2 s, the trial 1.5 CPU s, the host 3.0 busy s.
+    readings = [(10.0, 1.0, 100.0), (11.0, 1.5, 101.0), (12.0, 2.5, 103.0)]
+    cpu = cpu_figures(readings, cores=2, host_cores=4)
+    assert cpu["cores_used"] == pytest.approx(0.75)
+    assert cpu["util_pct"] == pytest.approx(37.5)
+    assert cpu["host_busy_cores"] == pytest.approx(1.5)
+    assert cpu["host_pct"] == pytest.approx(37.5)
+    assert cpu["other_cores"] == pytest.approx(0.75)
+    assert cpu["cores_used_spread"] == spread([0.5, 1.0])
+    assert cpu["host_pct_spread"]["median"] == pytest.approx(37.5)
+
+
+def test_energy_per_step_and_sample_from_counter_readings() -> None:
+    energy = energy_figures(1_000_000.0, 1_500_000.0, steps=10, samples_per_step=8, window_s=2.0, reason="")
+    assert energy["available"]
+    assert energy["joules"] == pytest.approx(500.0)
+    assert energy["per_step_j"] == pytest.approx(50.0)
+    assert energy["per_sample_j"] == pytest.approx(6.25)
+    assert energy["mean_power_w"] == pytest.approx(250.0)
+    stuck = energy_figures(5.0, 5.0, steps=3, samples_per_step=8, window_s=0.01, reason="")
+    assert not stuck["available"] and "did not advance" in stuck["reason"]
+    assert "backwards" in energy_figures(9.0, 5.0, steps=3, samples_per_step=8, window_s=1.0, reason="")["reason"]
+    assert energy_figures(None, None, 3, 8, 1.0, reason="no counter")["reason"] == "no counter"
+
+
+def test_a_cpu_trial_says_why_it_has_no_energy_or_gpu_figures(nap: TrialResult) -> None:
+    assert nap.energy is not None and not nap.energy["available"]
+    assert "CPU" in nap.energy["reason"]
+    assert nap.utilization is not None and nap.utilization["gpu"] is None
+    assert "CPU" in nap.utilization["gpu_reason"]
+
+
+def test_the_figures_survive_json_and_the_store(nap: TrialResult, tmp_path: Any) -> None:
+    from workbench.store import Store
+
+    again = TrialResult.from_json(nap.to_json())
+    assert (again.utilization, again.energy, again.timed_window) == (nap.utilization, nap.energy, nap.timed_window)
+    with Store(tmp_path / "history.sqlite") as store:
+        store.recorder("run").save(nap)
+        stored = store.get(nap.trial_id).result
+    assert stored.utilization == nap.utilization and stored.timed_window == nap.timed_window
+
+
+def test_the_run_summary_prints_the_window_utilization(nap: TrialResult) -> None:
+    from workbench.report import run_summary
+
+    text = run_summary(nap)
+    cpu = nap.utilization["cpu"] if nap.utilization else {}
+    assert f"{cpu['cores_used']:.2f} of {cpu['cores_available']} cores" in text
+    assert "energy" in text and "CPU" in text
