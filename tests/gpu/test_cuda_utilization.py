@@ -1,0 +1,89 @@
+"""NVML utilization and energy per step on a matmul loop of known length.
+
+The truths: a loop of large bf16 matmuls keeps the GPU busy (NVML's utilization near 100%),
+and the energy the counter reports over the recorded window matches the power readings of a
+separate device monitor (NVML's instantaneous power, a different counter) integrated over the
+same window. Skipped without CUDA; `scripts/gpu-check` runs these on a lent GPU machine.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from workbench.config import TrainConfig
+from workbench.measure.monitor import DeviceMonitor
+from workbench.trials import run_trial
+from workbench.workloads import Workload
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+SIZE = 8192
+MATMULS = 40
+"""About 45 TFLOP a step: ~60-100 ms on an H100/H200, longer on smaller GPUs."""
+
+
+class MatmulLoop(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, 1)
+        self.register_buffer("a", torch.randn(SIZE, SIZE, dtype=torch.bfloat16))
+        self.register_buffer("out", torch.empty(SIZE, SIZE, dtype=torch.bfloat16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            for _ in range(MATMULS):
+                torch.mm(self.a, self.a, out=self.out)
+        return self.linear(x)
+
+
+def matmul_workload() -> Workload:
+    return Workload.from_callables(
+        model_fn=MatmulLoop,
+        batch_fn=lambda n, g: (torch.randn(n, 16, generator=g), torch.randn(n, 1, generator=g)),
+        loss_fn=lambda out, batch: nn.functional.mse_loss(out, batch[1]),
+        batch_size=8,
+        name="matmul-loop",
+    )
+
+
+def test_nvml_utilization_and_energy_per_step_on_a_matmul_loop() -> None:
+    monitor = DeviceMonitor(rate_hz=20, history_s=120)
+    if not monitor.gpu_status()[0]:
+        pytest.skip(f"NVML is not usable here: {monitor.gpu_status()[1]}")
+    with monitor:
+        result = run_trial(matmul_workload(), TrainConfig(), steps=40, warmup=10, device="cuda",
+                           track_memory=False, isolation="inline")  # fmt: skip
+        time.sleep(1.2)  # NVML's power reading averages the last second: let it cover the window's end
+    monitor.close()
+    assert result.ok, result.message
+    assert result.utilization is not None and result.energy is not None and result.timed_window is not None
+    gpu = result.utilization["gpu"]
+    assert gpu is not None, result.utilization["gpu_reason"]
+    assert gpu["name"] == torch.cuda.get_device_name()
+    assert gpu["util_pct"]["median"] >= 90.0
+    assert gpu["sm_clock_mhz"]["median"] > 500.0
+    assert gpu["mem_used_bytes"]["median"] >= 2 * SIZE * SIZE * 2  # at least the two bf16 buffers
+
+    energy = result.energy
+    assert energy["available"], energy.get("reason")
+    start, end = result.timed_window
+    assert end - start == pytest.approx(sum(result.step_ms) / 1000.0, rel=0.1)
+    assert energy["per_step_j"] == pytest.approx(energy["joules"] / len(result.step_ms))
+    assert energy["per_sample_j"] == pytest.approx(energy["per_step_j"] / result.samples_per_step)
+
+    # Independent: the monitor's power readings, shifted by NVML's one-second averaging, integrated.
+    index = gpu["nvml_index"]
+    readings = [(s["t"], s["gpus"][index]["power_w"]) for s in monitor.samples()]
+    inside = [w for t, w in readings if start + 1.0 <= t <= end + 1.0 and w is not None]
+    assert len(inside) >= 10
+    monitor_joules = float(np.mean(inside)) * (end - start)
+    assert energy["joules"] == pytest.approx(monitor_joules, rel=0.25)
+    assert 50.0 <= energy["mean_power_w"] <= 1500.0
