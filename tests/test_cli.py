@@ -43,7 +43,7 @@ def test_run_json_has_the_documented_keys() -> None:
 def test_run_prints_a_readable_summary() -> None:
     proc = workbench("run", "--workload", "e2e-planner", "--steps", "2", "--warmup", "1")
     assert proc.returncode == 0, proc.stderr
-    for label in ("median step", "throughput", "phases", "peak memory", "loss"):
+    for label in ("median step", "throughput", "phases", "peak memory", "loss", "CPU (window)", "energy"):
         assert label in proc.stdout
 
 
@@ -94,6 +94,12 @@ def test_compare_json_reports_speedup_interval_and_verdict(tmp_path: Path) -> No
     assert low <= candidate["speedup"] <= high
     assert candidate["verdict"] == "slower"  # 60 ms of sleep on a 30 ms step is a regression compare must see
     assert data["noise"]["within_unit_cv"] is not None
+    # Utilization over each side's timed window, and the candidate's change against the baseline.
+    base_cores = data["baseline"]["utilization_summary"]["cpu_cores_used"]
+    cand_cores = candidate["utilization_summary"]["cpu_cores_used"]
+    assert candidate["utilization_delta"]["cpu_cores_used"] == pytest.approx(cand_cores - base_cores)
+    assert data["baseline"]["utilization"]["cpu"]["cores_used"] < 0.5  # a step that sleeps
+    assert candidate["energy"]["available"] is False and candidate["energy"]["reason"]
 
 
 def test_compare_table_shows_every_candidate() -> None:

@@ -169,6 +169,16 @@ def test_baseline_and_candidate_fill_charts_table_and_export(make_app) -> None:
     assert len(app.charts.peak_memory.data["peak_mib"]) == 2
     assert app.charts.peak_memory.data["peak_mib"][0] == pytest.approx(baseline.result.peak_memory_bytes / 2**20)
     assert len(app.charts.utilization.data["t"]) > 0  # the monitor sampled during the trials
+    # Each fresh trial's timed window is shaded on the timelines, on the monitor's own clock.
+    spans = app.charts.trial_windows.data
+    assert spans["label"] == ["baseline", "candidate 1"]
+    for record, x0, x1 in zip(app.records, spans["x0"], spans["x1"]):
+        start, end = record.result.timed_window
+        assert (x0, x1) == pytest.approx((start * 1000.0, end * 1000.0))
+        assert end - start == pytest.approx(sum(record.result.step_ms) / 1000.0, rel=0.2, abs=0.005)
+    assert spans["x1"][0] <= spans["x0"][1]  # the baseline's window ends before the candidate's starts
+    ticks = app.charts.utilization.data["t"]
+    assert min(ticks) <= spans["x0"][0] and spans["x1"][1] <= max(ticks) + 1000.0
 
     table = _text(app.table.value)
     assert "candidate 1" in table and "amp : fp32 → bf16" in table
@@ -176,6 +186,7 @@ def test_baseline_and_candidate_fill_charts_table_and_export(make_app) -> None:
     assert re.search(r"faster|slower|no significant difference|inconclusive", table)
     assert re.search(r"\d+ rounds", table) and "round(s): paired rounds" in table
     assert "MiB" in table and "ok" in table
+    assert re.search(r"\d\.\d\d of \d+ cores \([+-]\d\.\d\d\)", table)  # the candidate's CPU use, Δ vs baseline
 
     labels = [label for label, _ in app.export.choice.options]
     assert labels[0] == "baseline: defaults" and labels[1].startswith("candidate 1: amp=bf16")

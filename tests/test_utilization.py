@@ -183,3 +183,63 @@ def test_the_run_summary_prints_the_window_utilization(nap: TrialResult) -> None
     cpu = nap.utilization["cpu"] if nap.utilization else {}
     assert f"{cpu['cores_used']:.2f} of {cpu['cores_available']} cores" in text
     assert "energy" in text and "CPU" in text
+
+
+# --- against the baseline -------------------------------------------------------------
+
+
+def _constructed(trial_id: str, cores: float, gpu_util: float | None, joules_per_step: float | None) -> TrialResult:
+    gpu = None if gpu_util is None else {
+        "nvml_index": 0, "name": "GPU", "samples": 5, "util_pct": {"median": gpu_util, "p10": 0.0, "p90": 100.0},
+        "mem_util_pct": {"median": 20.0, "p10": 10.0, "p90": 30.0}, "sm_clock_mhz": None, "mem_used_bytes": None,
+    }  # fmt: skip
+    energy = {"available": False, "reason": "a CPU trial"}
+    if joules_per_step is not None:
+        energy = {"available": True, "joules": joules_per_step * 3, "per_step_j": joules_per_step,
+                  "per_sample_j": joules_per_step / 4, "mean_power_w": 300.0}  # fmt: skip
+    return TrialResult(
+        trial_id=trial_id, status="ok", workload="toy", config=TrainConfig().to_dict(), steps=3, samples_per_step=4,
+        step_ms=[10.0, 11.0, 12.0], losses=[1.0, 0.9, 0.8],
+        utilization={"cpu": {"cores_used": cores, "cores_available": 2, "util_pct": 50.0 * cores, "host_pct": 90.0,
+                             "other_cores": 1.8 - cores}, "gpu": gpu, "gpu_reason": ""},
+        energy=energy,
+    )  # fmt: skip
+
+
+def test_the_comparison_carries_utilization_and_energy_deltas() -> None:
+    from workbench.analysis.compare import compare_trials
+
+    base = [_constructed("b1", 0.6, 55.0, 12.0), _constructed("b2", 0.8, 65.0, 14.0)]  # medians 0.7, 60%, 13 J
+    cand = [_constructed("c1", 1.0, 90.0, 10.0), _constructed("c2", 1.2, 92.0, 11.0)]  # medians 1.1, 91%, 10.5 J
+    comp = compare_trials(base, [cand])
+    assert comp.baseline.utilization is not None
+    assert comp.baseline.utilization["cpu_cores_used"] == pytest.approx(0.7)
+    assert comp.baseline.utilization["energy_per_step_j"] == pytest.approx(13.0)
+    delta = comp.candidates[0].utilization_delta
+    assert delta is not None
+    assert delta["gpu_util_pct"] == pytest.approx(31.0)
+    assert delta["cpu_cores_used"] == pytest.approx(0.4)
+    assert delta["energy_per_step_j"] == pytest.approx(-2.5)
+    assert delta["energy_per_sample_j"] == pytest.approx(-2.5 / 4)
+    assert delta["sm_clock_mhz"] is None  # neither side had it
+    data = comp.to_dict()
+    assert data["candidates"][0]["utilization_delta"]["gpu_util_pct"] == pytest.approx(31.0)
+
+
+def test_the_cli_table_shows_utilization_and_energy_with_deltas() -> None:
+    from workbench.analysis.compare import compare_trials
+    from workbench.report import comparison_table
+
+    comp = compare_trials([_constructed("b1", 0.7, None, None)], [[_constructed("c1", 1.1, None, None)]])
+
+    class Outcome:
+        comparison = comp
+
+    text = comparison_table(Outcome())  # type: ignore[arg-type]
+    assert "utilization (Δ)" in text and "energy/step (Δ)" in text
+    assert "0.70 of 2 cores, host 90%" in text
+    assert "1.10 of 2 cores (+0.40), host 90%" in text
+    gpu = compare_trials([_constructed("b1", 0.7, 55.0, 12.0)], [[_constructed("c1", 1.1, 90.0, 10.0)]])
+    Outcome.comparison = gpu
+    text = comparison_table(Outcome())  # type: ignore[arg-type]
+    assert "GPU 90% (+35), mem-bw 20% (+0)" in text and "10 J (-2)" in text

@@ -139,10 +139,13 @@ class ComparisonRun:
                 break_even_steps=row.break_even_steps,
                 config_diff={k: list(v) for k, v in row.config_diff.items()},
                 repeat_trial_ids=row.summary.trial_ids,
+                utilization_summary=row.summary.utilization,
+                utilization_delta=row.utilization_delta,
             )
             candidates.append(item)
         baseline = self.baseline_runs[0].to_dict()
         baseline.update(median_step_ms=comp.baseline.median_step_ms, repeat_trial_ids=comp.baseline.trial_ids)
+        baseline.update(utilization_summary=comp.baseline.utilization)
         return {
             "baseline": baseline,
             "candidates": candidates,

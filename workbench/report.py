@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from workbench.textfmt import format_bytes, format_ms, table
 
@@ -66,6 +66,7 @@ def comparison_table(outcome: ComparisonRun) -> str:
         ])  # fmt: skip
     headers = ["config", "median ms", "IQR ms", "speedup", f"{comp.confidence:.0%} CI", "peak memory (Δ)",
                "final-loss Δ", "numerics", "verdict"]  # fmt: skip
+    add_utilization_columns(headers, rows, comp)
     return table(headers, rows) + "\n" + "\n".join(protocol_notes(comp))
 
 
@@ -158,3 +159,42 @@ def _spread_text(figures: dict[str, float] | None, fmt: Callable[[float], str]) 
     if not figures:
         return "n/a"
     return f"{fmt(figures['median'])} (p10-p90 {fmt(figures['p10'])}-{fmt(figures['p90'])})"
+
+
+def add_utilization_columns(headers: list[str], rows: list[list[str]], comp: Comparison) -> None:
+    """Append the utilization and energy columns: `rows[0]` is the baseline's, then one per candidate."""
+    headers += ["utilization (Δ)", "energy/step (Δ)"]
+    rows[0] += [utilization_cell(comp.baseline.utilization), energy_cell(comp.baseline.utilization)]
+    for row, cand in zip(rows[1:], comp.candidates):
+        row += [
+            utilization_cell(cand.summary.utilization, cand.utilization_delta),
+            energy_cell(cand.summary.utilization, cand.utilization_delta),
+        ]
+
+
+def utilization_cell(util: dict[str, Any] | None, delta: dict[str, Any] | None = None) -> str:
+    """'GPU 92% (+35), mem-bw 40% (+5)' on a GPU; '0.97 of 2 cores (+0.10), host 98%' on a CPU."""
+    if not util:
+        return "n/a"
+    delta = delta or {}
+    if util.get("gpu_util_pct") is not None:
+        text = f"GPU {util['gpu_util_pct']:.0f}%{_signed(delta.get('gpu_util_pct'), '{:+.0f}')}"
+        if util.get("gpu_mem_util_pct") is not None:
+            text += f", mem-bw {util['gpu_mem_util_pct']:.0f}%{_signed(delta.get('gpu_mem_util_pct'), '{:+.0f}')}"
+        return text
+    if util.get("cpu_cores_used") is None:
+        return "n/a"
+    cores = util.get("cpu_cores_available")
+    of = f" of {cores:.0f}" if cores else ""
+    host = f", host {util['host_pct']:.0f}%" if util.get("host_pct") is not None else ""
+    return f"{util['cpu_cores_used']:.2f}{of} cores{_signed(delta.get('cpu_cores_used'), '{:+.2f}')}{host}"
+
+
+def energy_cell(util: dict[str, Any] | None, delta: dict[str, Any] | None = None) -> str:
+    if not util or util.get("energy_per_step_j") is None:
+        return "n/a"
+    return f"{util['energy_per_step_j']:.3g} J{_signed((delta or {}).get('energy_per_step_j'), '{:+.3g}')}"
+
+
+def _signed(value: float | None, fmt: str) -> str:
+    return "" if value is None else f" ({fmt.format(value)})"

@@ -26,6 +26,7 @@ from workbench.analysis.intervals import (
     verdict_for,
 )
 from workbench.analysis.numerics import NumericsCheck, check_numerics
+from workbench.analysis.utilization import summarize_utilization, utilization_delta
 from workbench.config import TrainConfig
 from workbench.measure.result import TrialResult
 
@@ -52,6 +53,9 @@ class TrialSummary:
     compile_time_s: float
     final_loss: float | None
     trial_ids: list[str] = field(default_factory=list)
+    utilization: dict[str, Any] | None = None
+    """The timed windows' utilization and energy, each figure's median over the trials
+    (`analysis.utilization.FIGURES`); None for trials recorded without them."""
 
 
 @dataclass
@@ -75,6 +79,8 @@ class CandidateComparison:
     """Unit-to-unit standard deviation of the (log) ratio: the noise the interval had to beat."""
     rounds_needed: int | None = None
     """Further units the precision target needs, by this noise (None: cannot tell yet)."""
+    utilization_delta: dict[str, float | None] | None = None
+    """Candidate minus baseline for each utilization and energy figure."""
 
     @property
     def numerics_ok(self) -> bool | None:
@@ -233,6 +239,7 @@ def summarize(runs: Sequence[TrialResult]) -> TrialSummary:
         compile_time_s=float(np.median([r.compile_time_s for r in ok])) if ok else 0.0,
         final_loss=ok[0].final_loss if ok else None,
         trial_ids=[r.trial_id for r in runs],
+        utilization=summarize_utilization(ok),
     )
 
 
@@ -251,7 +258,8 @@ def _row(
     diff = TrainConfig.from_dict(base.config).diff(TrainConfig.from_dict(cand.config))
     if est is None:  # failed to run, or (rare) ran but no unit was timed: say which
         verdict: Verdict = "inconclusive" if base.status == cand.status == "ok" else "failed"
-        return CandidateComparison(cand, None, None, verdict, None, None, numerics, None, diff)
+        return CandidateComparison(cand, None, None, verdict, None, None, numerics, None, diff,
+                                   utilization_delta=utilization_delta(base.utilization, cand.utilization))  # fmt: skip
     return CandidateComparison(
         summary=cand,
         speedup=est.speedup,
@@ -266,6 +274,7 @@ def _row(
         half_width=est.half_width,
         between_unit_sd=est.log_sd,
         rounds_needed=rounds_needed(est, precision, confidence) if precision else None,
+        utilization_delta=utilization_delta(base.utilization, cand.utilization),
     )
 
 

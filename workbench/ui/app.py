@@ -412,7 +412,8 @@ def _same_window(a: RunSpec, b: RunSpec) -> bool:
 def _series(entry: Entry) -> TrialSeries:
     steps = [ms for record in entry.records for ms in record.step_ms]
     peaks = [r.peak_memory_bytes for r in entry.results() if r.peak_memory_bytes is not None]
-    return TrialSeries(entry.key, entry.label, entry.color, steps, max(peaks) if peaks else None)
+    windows = [r.timed_window for r in entry.results() if r.timed_window]
+    return TrialSeries(entry.key, entry.label, entry.color, steps, max(peaks) if peaks else None, windows)
 
 
 def _update_progress(record: TrialRecord) -> None:

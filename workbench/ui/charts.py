@@ -20,6 +20,7 @@ from bokeh.document import Document
 from bokeh.events import DocumentReady, Event
 from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource, DataRange1d, HoverTool
+from bokeh.models.annotations import LabelSet
 from bokeh.plotting import figure
 from jupyter_bokeh import BokehModel
 
@@ -41,6 +42,8 @@ class TrialSeries:
     color: str
     step_ms: Sequence[float]
     peak_memory_bytes: int | None
+    timed_windows: Sequence[Sequence[float]] = ()
+    """Each finished trial's timed window, [start, end] in `time.time()` seconds (the monitor's clock)."""
 
 
 class LiveCharts:
@@ -60,6 +63,7 @@ class LiveCharts:
         self.utilization = ColumnDataSource(_empty("t", *util_cols), name="utilization")
         mem_cols = [f"gpu{i}" for i in range(len(self.gpu_names))] or ["rss"]
         self.device_memory = ColumnDataSource(_empty("t", *mem_cols), name="device_memory")
+        self.trial_windows = ColumnDataSource(_empty("x0", "x1", "label", "color"), name="trial_windows")
 
         self.document = Document()
         self.document.add_root(self._layout(util_cols, mem_cols))
@@ -94,6 +98,7 @@ class LiveCharts:
             self._replace(self.step_points, points)
             self._replace(self.step_lines, lines)
             self._replace(self.peak_memory, bars)
+            self._replace(self.trial_windows, window_spans(trials))
 
     def set_device(self, samples: Sequence[Sample]) -> None:
         """The monitor's history: per-GPU utilization and memory, or host CPU and process-tree RSS."""
@@ -120,7 +125,8 @@ class LiveCharts:
                     source.data = {k: list(v) for k, v in data.items()}
 
     def sources(self) -> list[ColumnDataSource]:
-        return [self.step_points, self.step_lines, self.peak_memory, self.utilization, self.device_memory]
+        return [self.step_points, self.step_lines, self.peak_memory, self.utilization, self.device_memory,
+                self.trial_windows]  # fmt: skip
 
     # --- internals -----------------------------------------------------------------
 
@@ -181,9 +187,31 @@ class LiveCharts:
         _lines(util, util_cols, labels, self.utilization)
         _lines(mem, mem_cols, labels if gpu else ["kernel + trial workers"], self.device_memory)
         for fig in (util, mem):
+            shade_windows(fig, self.trial_windows)
             fig.legend.location = "top_left"
         util.y_range = DataRange1d(start=0, end=100)
         return column(steps, row(peaks, util, mem, sizing_mode="stretch_width"), sizing_mode="stretch_width")
+
+
+def window_spans(trials: Sequence[TrialSeries]) -> dict[str, list[Any]]:
+    """One span per finished trial's timed window, in the timelines' x unit (ms since the epoch)."""
+    spans: dict[str, list[Any]] = _empty("x0", "x1", "label", "color")
+    for trial in trials:
+        for start, end in trial.timed_windows:
+            spans["x0"].append(start * 1000.0)
+            spans["x1"].append(end * 1000.0)
+            spans["label"].append(trial.label.split(":")[0])
+            spans["color"].append(trial.color)
+    return spans
+
+
+def shade_windows(fig: Any, source: ColumnDataSource) -> None:
+    """Shade each trial's timed window in its colour and name it at the top, so the baseline's and a
+    candidate's utilization sit side by side on one time axis."""
+    fig.vstrip(x0="x0", x1="x1", fill_color="color", fill_alpha=0.12, line_color="color", line_alpha=0.5,
+               source=source, name="timed_windows")  # fmt: skip
+    fig.add_layout(LabelSet(x="x0", y=4, y_units="screen", text="label", text_font_size="8pt", text_color="color",
+                            x_offset=2, source=source))  # fmt: skip
 
 
 def _timeline(title: str, unit: str, source: ColumnDataSource) -> Any:

@@ -29,6 +29,8 @@ HEADERS = (
     "compile",
     "break-even",
     "changed vs baseline",
+    "utilization (Δ)",
+    "energy/step (Δ)",
 )
 _VERDICT_COLORS = {"faster": "#1b7e3c", "slower": "#b00020", "no significant difference": "#666",
                    "inconclusive": "#a36a00", "failed": "#b00020"}  # fmt: skip
@@ -121,6 +123,7 @@ def _row(entry: Entry, summary: TrialSummary | None, cand: CandidateComparison |
             _break_even(cand),
             _diff(cand.config_diff),
         ]
+    cells += _utilization_cells(s, cand)
     klass = " class='failed'" if failed else ""
     return f"<tr{klass}>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
 
@@ -196,6 +199,16 @@ def _diff(diff: dict[str, tuple[Any, Any]]) -> str:
     return "<br>".join(
         f"<code>{html.escape(k)}</code>: {html.escape(str(a))} → {html.escape(str(b))}" for k, (a, b) in diff.items()
     )
+
+
+def _utilization_cells(s: TrialSummary, cand: CandidateComparison | None) -> list[str]:
+    """The timed windows' utilization and energy, with the change against the baseline: the CLI's words."""
+    from workbench.report import energy_cell, utilization_cell
+
+    delta = cand.utilization_delta if cand is not None else None
+    reason = (s.utilization or {}).get("energy_reason", "")
+    energy = f"<span title='{html.escape(reason)}'>{html.escape(energy_cell(s.utilization, delta))}</span>"
+    return [html.escape(utilization_cell(s.utilization, delta)), energy]
 
 
 def render_ranks(result: TrialResult | None) -> str:
