@@ -21,7 +21,8 @@ import numpy as np
 
 from workbench.measure.hostload import _machine_busy_s
 
-#: Sampling rate of the thread that gives the spread (the means need no thread).
+#: Sampling rate of the thread that gives the spread (the means need no thread); 0 starts no
+#: thread (the overhead benchmark's control arm).
 RATE_HZ = 10.0
 #: The descendant processes (DataLoader workers) are re-listed every this many samples.
 RELIST_EVERY = 10
@@ -47,11 +48,12 @@ class WindowProbe:
     then `utilization` and `energy` hold the window's figures and `window` its (start, end) in
     `time.time()` seconds, the clock the device monitor's samples carry."""
 
-    def __init__(self, device: Any, rate_hz: float = RATE_HZ) -> None:
+    def __init__(self, device: Any, rate_hz: float | None = None) -> None:
         import psutil
 
         self._psutil = psutil
-        self._period = 1.0 / rate_hz
+        rate = RATE_HZ if rate_hz is None else rate_hz
+        self._period = 1.0 / rate if rate > 0 else None
         self._tree = _TreeCpu(psutil)
         self._gpu = _GpuReader.open(device) if getattr(device, "type", "cpu") == "cuda" else None
         self._readings: list[tuple[float, float, float]] = []
@@ -69,8 +71,9 @@ class WindowProbe:
         self._readings = [self._reading()]
         if self._gpu is not None:
             self._energy_mj = self._gpu.energy_mj()
-        self._thread = threading.Thread(target=self._run, name="workbench-window-probe", daemon=True)
-        self._thread.start()
+        if self._period is not None:
+            self._thread = threading.Thread(target=self._run, name="workbench-window-probe", daemon=True)
+            self._thread.start()
         return self
 
     def stop(self, steps: int, samples_per_step: int) -> None:
@@ -113,7 +116,7 @@ class WindowProbe:
 
     def _run(self) -> None:
         tick = 0
-        while not self._stop.wait(self._period):
+        while not self._stop.wait(self._period or 0.1):
             tick += 1
             if tick % RELIST_EVERY == 0:
                 self._tree.relist()
