@@ -243,3 +243,55 @@ def test_the_cli_table_shows_utilization_and_energy_with_deltas() -> None:
     Outcome.comparison = gpu
     text = comparison_table(Outcome())  # type: ignore[arg-type]
     assert "GPU 90% (+35), mem-bw 20% (+0)" in text and "10 J (-2)" in text
+
+
+# --- the diagnosis reads them ---------------------------------------------------------
+
+
+def _for_diagnosis(device: str, step_ms: float, data_ms: float, utilization: dict[str, Any]) -> TrialResult:
+    return TrialResult(
+        trial_id="d", status="ok", workload="w", config=TrainConfig().to_dict(),
+        device={"type": device, "name": "NVIDIA H100 80GB HBM3" if device == "cuda" else "cpu", "cpu_cores": 2},
+        step_ms=[step_ms] * 5, phase_ms={"data": [data_ms] * 5}, batch_size=8, utilization=utilization,
+    )  # fmt: skip
+
+
+def _gpu_util(median: float) -> dict[str, Any]:
+    return {"cpu": None, "gpu": {"util_pct": {"median": median, "p10": median, "p90": median}}, "gpu_reason": ""}
+
+
+def _cpu_util(used: float, other: float, threads: int = 2) -> dict[str, Any]:
+    return {"cpu": {"cores_used": used, "cores_available": 2, "other_cores": other, "torch_threads": threads,
+                    "host_pct": 50.0 * (used + other)}, "gpu": None, "gpu_reason": "a CPU trial"}  # fmt: skip
+
+
+def test_an_under_used_gpu_with_short_steps_is_launch_or_data_bound() -> None:
+    from workbench.analysis.diagnose import diagnose
+
+    launch = diagnose(_for_diagnosis("cuda", 8.0, 0.1, _gpu_util(35.0)))
+    (finding,) = [f for f in launch.findings if "NVML" in f.summary]
+    assert finding.kind == "overhead" and finding.severity == "bottleneck"
+    assert finding.evidence["gpu_util_pct"] == 35.0 and finding.score == pytest.approx(0.65)
+    assert "kernel launches" in finding.summary and finding.recommendations
+    # A third of the step waiting for data: the phases' data finding, corroborated by NVML.
+    data = diagnose(_for_diagnosis("cuda", 9.0, 3.0, _gpu_util(35.0)))
+    (finding,) = [f for f in data.findings if "NVML" in f.summary]
+    assert finding.kind == "data" and finding.title == "Data loading bound" and "batches" in finding.summary
+    for busy, step in ((95.0, 8.0), (35.0, 200.0)):  # a busy GPU, or a long step: no host-bound evidence
+        assert not [f for f in diagnose(_for_diagnosis("cuda", step, 0.1, _gpu_util(busy))).findings
+                    if "NVML" in f.summary]  # fmt: skip
+
+
+def test_a_cpu_trial_on_few_of_its_cores_beside_busy_processes_is_contention() -> None:
+    from workbench.analysis.diagnose import diagnose
+
+    contended = diagnose(_for_diagnosis("cpu", 100.0, 1.0, _cpu_util(used=0.5, other=1.5)))
+    (finding,) = [f for f in contended.findings if f.title.startswith("CPU contention")]
+    assert finding.severity == "info"  # a caveat on the measurement: the step's own findings come first
+    assert finding.evidence["cores_it_could_use"] == 2 and finding.evidence["unused_share"] == pytest.approx(0.75)
+    assert "0.50 of the 2 core(s)" in finding.summary and "1.50 core(s) busy" in finding.summary
+    assert finding.recommendations[0].rank == 1
+    assert finding.recommendations[-1].changes == {"intra_op_threads": 1}  # the one core left free
+    for used, other, threads in ((1.9, 0.1, 2), (0.5, 0.1, 2), (0.9, 1.0, 1)):  # busy trial, quiet host, 1 thread
+        findings = diagnose(_for_diagnosis("cpu", 100.0, 1.0, _cpu_util(used, other, threads))).findings
+        assert not [f for f in findings if f.title.startswith("CPU contention")]

@@ -11,7 +11,9 @@ never a single absolute timing — because steps on a shared machine are noisy:
 - memory-bandwidth vs compute: the kernel-time mix (matmul/conv/attention vs the rest), and
   MFU where the device has a peak in the table;
 - memory: the peak against the device's memory;
-- CPU oversubscription: intra-op threads x processes (ranks, loader workers) above the cores.
+- CPU oversubscription: intra-op threads x processes (ranks, loader workers) above the cores;
+- the timed window's utilization (`diagnose_utilization`): an under-used GPU with short steps is
+  host-bound, a CPU trial on few of its cores beside busy other processes is contention.
 
 A finding is a 'bottleneck' (something to fix) or 'info' (a compute-bound step is where a
 well-balanced step should be; its recommendations make the compute itself faster).
@@ -23,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from workbench.analysis import recommend
+from workbench.analysis.diagnose_utilization import utilization_findings
 from workbench.analysis.flops import FlopCount, Mfu, model_flops_utilization
 from workbench.analysis.recommend import Recommendation
 from workbench.config import TrainConfig, resolved_optimizer_impl
@@ -150,6 +153,7 @@ def diagnose(result: TrialResult, flops: FlopCount | int | None = None) -> Diagn
         *_distributed(result),
     ]
     kept = [f for f in findings if f is not None]
+    kept += utilization_findings(ctx, result, kept)
     kept.sort(key=lambda f: (f.severity != "bottleneck", -f.score))
     if profile.get("syncs", {}).get("error"):
         notes.append(f"sync scan failed: {profile['syncs']['error']}")
