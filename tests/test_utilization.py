@@ -295,3 +295,26 @@ def test_a_cpu_trial_on_few_of_its_cores_beside_busy_processes_is_contention() -
     for used, other, threads in ((1.9, 0.1, 2), (0.5, 0.1, 2), (0.9, 1.0, 1)):  # busy trial, quiet host, 1 thread
         findings = diagnose(_for_diagnosis("cpu", 100.0, 1.0, _cpu_util(used, other, threads))).findings
         assert not [f for f in findings if f.title.startswith("CPU contention")]
+
+
+class FailsLater(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 1)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == 3:  # the second timed step
+            raise ValueError("boom inside the timed window")
+        return self.linear(x)
+
+
+def test_a_window_that_fails_leaves_no_sampling_thread_behind() -> None:
+    import threading
+
+    result = run_trial(_workload(FailsLater, "fails"), TrainConfig(), steps=4, warmup=1, track_memory=False,
+                       isolation="inline")  # fmt: skip
+    assert result.status == "error" and "boom" in result.message
+    assert result.utilization is None and result.timed_window is None
+    assert not [t for t in threading.enumerate() if t.name == "workbench-window-probe"]

@@ -59,9 +59,9 @@ def test_nvml_utilization_and_energy_per_step_on_a_matmul_loop() -> None:
     if not monitor.gpu_status()[0]:
         pytest.skip(f"NVML is not usable here: {monitor.gpu_status()[1]}")
     with monitor:
-        result = run_trial(matmul_workload(), TrainConfig(), steps=40, warmup=10, device="cuda",
+        result = run_trial(matmul_workload(), TrainConfig(), steps=80, warmup=10, device="cuda",
                            track_memory=False, isolation="inline")  # fmt: skip
-        time.sleep(1.2)  # NVML's power reading averages the last second: let it cover the window's end
+        time.sleep(1.0)  # the monitor's readings must cover the window's end (and half a second more)
     monitor.close()
     assert result.ok, result.message
     assert result.utilization is not None and result.energy is not None and result.timed_window is not None
@@ -79,11 +79,13 @@ def test_nvml_utilization_and_energy_per_step_on_a_matmul_loop() -> None:
     assert energy["per_step_j"] == pytest.approx(energy["joules"] / len(result.step_ms))
     assert energy["per_sample_j"] == pytest.approx(energy["per_step_j"] / result.samples_per_step)
 
-    # Independent: the monitor's power readings, shifted by NVML's one-second averaging, integrated.
+    # Independent: the monitor's power readings integrated over the window. Depending on the
+    # driver a reading is instantaneous or the last second's average: shifted by half a second,
+    # either is off by at most ~0.5 s of a ~5 s window.
     index = gpu["nvml_index"]
     readings = [(s["t"], s["gpus"][index]["power_w"]) for s in monitor.samples()]
-    inside = [w for t, w in readings if start + 1.0 <= t <= end + 1.0 and w is not None]
-    assert len(inside) >= 10
+    inside = [w for t, w in readings if start + 0.5 <= t <= end + 0.5 and w is not None]
+    assert end - start >= 3.0 and len(inside) >= 30
     monitor_joules = float(np.mean(inside)) * (end - start)
-    assert energy["joules"] == pytest.approx(monitor_joules, rel=0.25)
+    assert energy["joules"] == pytest.approx(monitor_joules, rel=0.2)
     assert 50.0 <= energy["mean_power_w"] <= 1500.0

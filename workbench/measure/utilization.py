@@ -105,6 +105,8 @@ class WindowProbe:
     def abandon(self) -> None:
         """Stop the thread without figures (the window ended in an exception)."""
         self._stop.set()
+        if self._thread is not None:
+            self._thread.join(1.0)
         if self._gpu is not None:
             self._gpu.close()
 
