@@ -433,8 +433,9 @@ def test_every_valid_combination_compiles_and_imports_no_workbench(tmp_path: Pat
         TrainConfig(amp="bf16", channels_last=True, activation_checkpointing="full", checkpoint_target="Block"),
         TrainConfig(amp="fp16", activation_checkpointing="selective", num_workers=2, prefetch_factor=4),
         TrainConfig(cuda_graphs=True, compile="default", attention_backend="flash", matmul_precision="high"),
+        TrainConfig(compile="default", activation_memory_budget=0.5),
     ],
-    ids=["defaults", "bf16-ckpt", "fp16-selective-loader", "cuda-graphs"],
+    ids=["defaults", "bf16-ckpt", "fp16-selective-loader", "cuda-graphs", "memory-budget"],
 )
 def test_representative_snippets_pass_ruff_from_stdin(config: TrainConfig) -> None:
     if not RUFF.exists():
@@ -599,3 +600,20 @@ def test_the_snippet_sets_the_measured_intra_op_threads(tmp_path: Path) -> None:
     assert "set_num_threads" not in to_snippet(TrainConfig(), device="cpu")
     load(TrainConfig(intra_op_threads=2), tmp_path)
     assert torch.get_num_threads() == 2  # the autouse fixture restores the count afterwards
+
+
+# --- the compiler-level levers ----------------------------------------------------------------
+
+
+def test_the_memory_budget_is_set_before_the_first_compiled_call(tmp_path: Path) -> None:
+    import torch._functorch.config as functorch_config
+
+    config = TrainConfig(
+        compile="default", compile_backend="aot_eager_decomp_partition", activation_memory_budget=0.4, lr=1e-2
+    )
+    torch._dynamo.reset()
+    with functorch_config.patch(activation_memory_budget=1.0):  # the snippet sets a process global
+        run = Run(load(config, tmp_path), UserNet())
+        assert functorch_config.activation_memory_budget == 0.4
+        run.train(steps=6).assert_learns()
+    torch._dynamo.reset()

@@ -157,6 +157,12 @@ class TrainConfig:
     """FSDP2 mixed-precision policy: dtype parameters are gathered and computed in (gradients are
     reduced in fp32). bf16 halves all-gather bytes; BatchNorm layers stay fp32 and need amp=bf16."""
 
+    activation_memory_budget: float = 1.0
+    """Compile only: the share (0-1) of the default compiled graph's saved activations to keep; the
+    compiler's partitioner recomputes the cheapest rest in backward. 1.0 is off (PyTorch's default,
+    fastest), 0.0 keeps what full checkpointing of each compiled graph would. A continuous
+    alternative to full/selective checkpointing (`torch._functorch.config.activation_memory_budget`)."""
+
     extra: dict[str, Any] = field(default_factory=dict, compare=True, hash=False)
     """Workload options passed to the workload factory (e.g. {'sample_cost_ms': 5})."""
 
@@ -380,6 +386,7 @@ def _check_choices(cfg: TrainConfig) -> None:
         raise ConfigError(
             "checkpoint_target must be a module class name, a name pattern such as 'encoder.*', or 'auto'"
         )
+    _check_budget_value(cfg.activation_memory_budget)
     if not isinstance(cfg.extra, dict):
         raise ConfigError(f"extra must be a dict of workload options, got {type(cfg.extra).__name__}")
 
@@ -438,6 +445,7 @@ def _check_combinations(cfg: TrainConfig) -> None:
     if cfg.num_workers == 0 and cfg.persistent_workers:
         raise ConfigError("persistent_workers needs num_workers > 0; set num_workers=2 (or more)")
     _check_distributed(cfg)
+    _check_levers(cfg)
 
 
 #: Fields that only mean something under one strategy, with their defaults.
@@ -495,6 +503,36 @@ def _check_distributed(cfg: TrainConfig) -> None:
         raise ConfigError(
             "fsdp_param_dtype=bf16 with amp=fp16 computes in two half dtypes at once; use amp=bf16 (or fp32)"
         )
+
+
+# --- the compiler-level levers (memory budget, ...) ---------------------------------------
+
+#: Compile backends that never consult the activation memory budget: 'eager' runs no AOTAutograd,
+#: 'aot_eager' partitions with the default (save-everything) partitioner, not the min-cut one.
+BACKENDS_WITHOUT_MEMORY_BUDGET = ("eager", "aot_eager")
+
+
+def _check_budget_value(budget: Any) -> None:
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0.0 <= budget <= 1.0:
+        raise ConfigError(
+            f"activation_memory_budget must be a number from 0 to 1 (1.0 = off), got {budget!r}; "
+            "e.g. activation_memory_budget=0.5 keeps half of the compiled graph's saved activations"
+        )
+
+
+def _check_levers(cfg: TrainConfig) -> None:
+    """Levers that act through the compiler need it on, with a backend that honours them."""
+    if cfg.activation_memory_budget < 1.0:
+        if cfg.compile == "off":
+            raise ConfigError(
+                f"activation_memory_budget={cfg.activation_memory_budget} acts through torch.compile's partitioner, "
+                "but compile=off; set compile=default, or activation_checkpointing=full/selective for eager"
+            )
+        if cfg.compile_backend in BACKENDS_WITHOUT_MEMORY_BUDGET:
+            raise ConfigError(
+                f"compile_backend={cfg.compile_backend} ignores activation_memory_budget (no min-cut partitioner); "
+                "use compile_backend=inductor (or aot_eager_decomp_partition to check plumbing cheaply)"
+            )
 
 
 def _copy(value: Any) -> Any:

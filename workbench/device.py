@@ -146,7 +146,34 @@ def _capabilities_cached(device_str: str) -> dict[str, dict[Any, Availability]]:
     # World sizes are integers, not choices: list the usual ones for a control to offer.
     caps["nproc_per_node"] = {n: world_size_availability(n, dev) for n in WORLD_SIZES_SHOWN}
     caps["intra_op_threads"] = _thread_counts(device_info("cpu").cpu_cores)
+    caps.update(_lever_capabilities(dev))
     return caps
+
+
+MEMORY_BUDGETS_SHOWN = (1.0, 0.75, 0.5, 0.25, 0.0)
+"""activation_memory_budget values `capabilities()` lists (any value from 0 to 1 is valid)."""
+
+
+def _lever_capabilities(dev: torch.device) -> dict[str, dict[Any, Availability]]:
+    """The compiler- and hardware-level levers (memory budget, ...), each value with its reason."""
+    return {"activation_memory_budget": {b: _memory_budget(b, dev) for b in MEMORY_BUDGETS_SHOWN}}
+
+
+def _memory_budget(budget: float, dev: torch.device) -> Availability:
+    if budget >= 1.0:
+        return Availability(True, "off: the compiler saves what is fastest to keep (PyTorch's default)")
+    compiled = _compile("default", dev)
+    if not compiled.available:
+        return Availability(False, f"acts through torch.compile, which cannot run here: {compiled.reason}")
+    from workbench.optimizations.memory_budget import MemoryBudgetUnavailable, functorch_config
+
+    try:
+        functorch_config()
+    except MemoryBudgetUnavailable as exc:
+        return Availability(False, str(exc))
+    return Availability(
+        True, f"needs compile on: keeps {budget:.0%} of the compiled graph's saved activations, recomputes the rest"
+    )
 
 
 def _thread_counts(cores: int) -> dict[int | None, Availability]:

@@ -294,6 +294,7 @@ def _what(name: str, value: Any, config: TrainConfig) -> str:
         "persistent_workers": "loader workers stay alive between epochs",
         "seed": "seed of the initial weights and the data order",
         "intra_op_threads": f"{value} CPU thread(s) per operator (torch.set_num_threads)",
+        "activation_memory_budget": "share of the compiled graph's saved activations kept; the rest recomputed",
         "extra": "options of the workbench's workload; not part of the training step",
     }
     what = described.get(name)
@@ -340,12 +341,26 @@ def _add_statements(snippet: _Snippet, config: TrainConfig, device: str) -> None
         )
         code = f"torch.set_num_threads({config.intra_op_threads})"
         snippet.statements.append("\n".join([*_comment(why, indent="# "), code]))
+    _add_lever_statements(snippet, config)
     if config.amp == "fp16":
         snippet.statements.append(
             "# fp16 gradients underflow: GradScaler scales the loss up before backward, unscales\n"
             "# the gradients before the step and skips steps whose gradients overflowed.\n"
             "scaler = torch.amp.GradScaler(DEVICE.type)"
         )
+
+
+def _add_lever_statements(snippet: _Snippet, config: TrainConfig) -> None:
+    """Compiler settings that must hold before the first compiled call (the memory budget, ...)."""
+    if config.activation_memory_budget < 1.0:
+        snippet.imports.add("import torch._functorch.config")
+        why = (
+            f"Activation memory budget: torch.compile's partitioner keeps {config.activation_memory_budget:.0%} "
+            "of the activations its fastest plan would save and recomputes the cheapest rest in backward. "
+            "A private PyTorch setting: it is read when the first call compiles."
+        )
+        code = f"torch._functorch.config.activation_memory_budget = {config.activation_memory_budget!r}"
+        snippet.statements.append("\n".join([*_comment(why, indent="# "), code]))
 
 
 def _add_checkpointing(snippet: _Snippet, policy: str) -> None:

@@ -9,7 +9,7 @@ own `.item()` calls still do; the sync scan names them) and CUDA events can time
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 
 import torch
 from torch import nn
@@ -21,6 +21,7 @@ from workbench.optimizations.checkpointing import apply_activation_checkpointing
 from workbench.optimizations.compile import apply_compile
 from workbench.optimizations.cuda_graphs import CudaGraphStep, apply_cuda_graphs
 from workbench.optimizations.distributed import apply_data_parallel, grads_stay_bucket_views
+from workbench.optimizations.memory_budget import apply_activation_memory_budget
 from workbench.optimizations.memory_format import apply_channels_last, to_channels_last
 from workbench.optimizations.optimizer import apply_optimizer
 from workbench.optimizations.precision import apply_fp32_precision
@@ -93,6 +94,12 @@ def build(workload: Workload, config: TrainConfig, device: str | torch.device | 
     applied.append(threads_record)
     if attention_record is not None:
         applied.append(attention_record)
+    # 5c. activation memory budget: a compiler setting read when the first forward call compiles
+    #     forward and backward together, so it is a context around forward like 4-5 (compiled in),
+    #     and scoped to the step so nothing leaks into the next trial of an inline run.
+    budget, budget_record = apply_activation_memory_budget(config.activation_memory_budget)
+    if budget_record is not None:
+        applied.append(budget_record)
     # 6. compile last among module changes: it traces the final forward, and the contexts of
     #    steps 4-5 are active at trace time, so they are compiled in.
     if config.compile != "off":
@@ -101,6 +108,7 @@ def build(workload: Workload, config: TrainConfig, device: str | torch.device | 
     step = TrainStep(
         workload, config, dev, runnable, model, optimizer, scaler, applied, autocast, precision, attention, threads
     )
+    step.compile_contexts = [budget] if budget is not None else []
     # 7. CUDA graphs capture the step exactly as it finally runs (compiled, checkpointed, AMP).
     if config.cuda_graphs:
         step.graphed, record = apply_cuda_graphs(step.eager_step, model, optimizer, dev)
@@ -138,6 +146,8 @@ class TrainStep:
         self._autocast, self._precision, self._attention = autocast, precision, attention
         self._threads = threads
         self.graphed: CudaGraphStep | None = None
+        self.compile_contexts: list[ContextFactory] = []
+        """Compiler settings entered around forward (read when the forward compiles)."""
         # Gradients are dropped each step (backward allocates them only as needed), except where
         # they are DDP bucket views, which must survive to save the copy.
         self.grads_to_none = not grads_stay_bucket_views(config)
@@ -179,9 +189,7 @@ class TrainStep:
             for batch in micro_batches:
                 # The SDPA backend must hold for backward too: its backward kernel matches its forward.
                 with _entered(self._attention):
-                    with _entered(self._autocast):
-                        output = self.workload.forward_fn(self.model, batch)
-                        loss = scalar_loss(self.workload.loss_fn(output, batch), self.workload.name)
+                    loss = self.forward_loss(batch)
                     if mark is not None:
                         mark("forward")
                     scaled = loss / count  # mean over micro-batches = gradient of the whole batch
@@ -199,6 +207,16 @@ class TrainStep:
                 mark("optimizer")
         assert total is not None
         return total / count
+
+    def forward_loss(self, batch: Batch) -> torch.Tensor:
+        """Forward and loss of one prepared micro-batch under autocast and the compiler settings;
+        the loss keeps its autograd graph (what backward will need is saved on it)."""
+        with ExitStack() as stack:
+            for factory in self.compile_contexts:
+                stack.enter_context(factory())
+            with _entered(self._autocast):
+                output = self.workload.forward_fn(self.model, batch)
+                return scalar_loss(self.workload.loss_fn(output, batch), self.workload.name)
 
     def describe(self) -> str:
         """What was applied, one line per toggle."""

@@ -36,6 +36,7 @@ SEARCHABLE = (
     "persistent_workers",
     "batch_size",
     "grad_accumulation",
+    "activation_memory_budget",
 )
 
 #: Why the other fields are kept at the baseline's values.
@@ -144,7 +145,17 @@ def default_space(
     if global_batch is not None:
         sizes = [s for s in _divisors(global_batch) if workload_batch // 4 <= s <= global_batch] or [global_batch]
     values["batch_size"] = tuple(sizes)
+    values.update(_lever_values(caps, values["compile"]))
     return SearchSpace(values, global_batch)
+
+
+def _lever_values(caps: Mapping[str, Mapping[Any, Any]], compile_modes: tuple[Any, ...]) -> dict[str, tuple[Any, ...]]:
+    """The compiler-level levers, where compile is searched: off (the first, the baseline's) and one
+    step each; their combinations with compile=off are refused by validation and never run."""
+    if compile_modes == ("off",):
+        return {}
+    budgets = tuple(b for b in (1.0, 0.5) if caps["activation_memory_budget"][b].available)
+    return {"activation_memory_budget": budgets}
 
 
 def user_space(
@@ -251,6 +262,10 @@ def _typed(name: str, value: Any) -> Any:
                 f"{name} values must be whole numbers >= {0 if name == 'num_workers' else 1}, got {value!r}"
             )
         return value
+    if name == "activation_memory_budget":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise ConfigError(f"activation_memory_budget values must be numbers from 0 to 1, got {value!r}")
+        return float(value)
     choices = field_choices(name)
     if choices is not None and value not in choices:
         raise ConfigError(f"{name}={value!r} is not valid; choose from: {', '.join(map(str, choices))}")
