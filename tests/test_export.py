@@ -434,8 +434,9 @@ def test_every_valid_combination_compiles_and_imports_no_workbench(tmp_path: Pat
         TrainConfig(amp="fp16", activation_checkpointing="selective", num_workers=2, prefetch_factor=4),
         TrainConfig(cuda_graphs=True, compile="default", attention_backend="flash", matmul_precision="high"),
         TrainConfig(compile="default", activation_memory_budget=0.5),
+        TrainConfig(compile="max-autotune", compile_fullgraph=True, compiled_autograd=True, amp="fp16"),
     ],
-    ids=["defaults", "bf16-ckpt", "fp16-selective-loader", "cuda-graphs", "memory-budget"],
+    ids=["defaults", "bf16-ckpt", "fp16-selective-loader", "cuda-graphs", "memory-budget", "compiled-autograd"],
 )
 def test_representative_snippets_pass_ruff_from_stdin(config: TrainConfig) -> None:
     if not RUFF.exists():
@@ -616,4 +617,21 @@ def test_the_memory_budget_is_set_before_the_first_compiled_call(tmp_path: Path)
         run = Run(load(config, tmp_path), UserNet())
         assert functorch_config.activation_memory_budget == 0.4
         run.train(steps=6).assert_learns()
+    torch._dynamo.reset()
+
+
+# Compiled autograd reads `.grad` of its own fake non-leaf tensors while capturing, and torch 2.13
+# warns about it; the pasted snippet keeps plain PyTorch's behaviour (the warning is shown).
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf:UserWarning")
+def test_compiled_autograd_compiles_the_pasted_backward(tmp_path: Path) -> None:
+    from torch._dynamo.utils import counters
+
+    config = TrainConfig(compile="default", compile_backend="aot_eager", compiled_autograd=True, lr=1e-2)
+    code = to_snippet(config, device="cpu")
+    assert 'BACKWARD_COMPILER = torch.compile(backend="aot_eager")' in code
+    torch._dynamo.reset()
+    counters.clear()
+    run = Run(load(config, tmp_path), UserNet())
+    run.train(steps=6).assert_learns()
+    assert counters["compiled_autograd"]["captures"] >= 1
     torch._dynamo.reset()

@@ -131,3 +131,53 @@ def test_memory_budget_capabilities_on_cpu_and_override_parsing() -> None:
     assert table[0.5].available and "compile" in table[0.5].reason
     config = TrainConfig().with_overrides("compile=default,activation_memory_budget=0.3")
     assert config.activation_memory_budget == 0.3
+
+
+# --- compiled autograd -------------------------------------------------------------------------
+
+
+def backward_captures(config: TrainConfig, steps: int = 2) -> tuple[int, torch.Tensor]:
+    """Compiled-autograd captures dynamo counted over a few steps, and the first step's gradients."""
+    from torch._dynamo.utils import counters
+
+    step = fresh_build(config)
+    counters.clear()
+    batches = iter(step.workload.batches(config))
+    grads = None
+    for _ in range(steps):
+        step([step.prepare_batch(next(batches))])
+        if grads is None:
+            grads = torch.cat([p.grad.flatten() for p in step.base_model.parameters()])
+    assert grads is not None
+    return counters["compiled_autograd"]["captures"], grads
+
+
+def test_compiled_autograd_captures_and_compiles_the_backward() -> None:
+    plain = TrainConfig(compile="default", compile_backend="aot_eager", lr=0.05)
+    captures_off, grads_off = backward_captures(plain)
+    captures_on, grads_on = backward_captures(plain.replace(compiled_autograd=True))
+    assert captures_off == 0
+    assert captures_on >= 1  # the backward went through dynamo: a compiled backward graph
+    torch.testing.assert_close(grads_on, grads_off, rtol=1e-5, atol=1e-6)
+    step = fresh_build(plain.replace(compiled_autograd=True))
+    assert any(a.toggle == "compiled_autograd" for a in step.applied)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"compiled_autograd": True}, "compile=off; set compile=default"),
+        ({"compiled_autograd": "yes"}, "true or false"),
+        ({"compiled_autograd": True, "compile": "default", "strategy": "ddp"}, "Python reducer"),
+    ],
+)
+def test_compiled_autograd_validation_says_how_to_fix_it(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(**changes)
+
+
+def test_compiled_autograd_capability_on_cpu() -> None:
+    from workbench.device import capabilities
+
+    table = capabilities("cpu")["compiled_autograd"]
+    assert table[False].available and table[True].available and "compile" in table[True].reason

@@ -163,6 +163,11 @@ class TrainConfig:
     fastest), 0.0 keeps what full checkpointing of each compiled graph would. A continuous
     alternative to full/selective checkpointing (`torch._functorch.config.activation_memory_budget`)."""
 
+    compiled_autograd: bool = False
+    """Compile only: capture each step's whole backward at `.backward()` and compile it too (compiled
+    autograd, `torch._dynamo.compiled_autograd`), beyond the backward AOTAutograd derives per
+    forward graph. May fuse more, or only add compile time and recompiles: measure it."""
+
     extra: dict[str, Any] = field(default_factory=dict, compare=True, hash=False)
     """Workload options passed to the workload factory (e.g. {'sample_cost_ms': 5})."""
 
@@ -533,6 +538,15 @@ def _check_levers(cfg: TrainConfig) -> None:
                 f"compile_backend={cfg.compile_backend} ignores activation_memory_budget (no min-cut partitioner); "
                 "use compile_backend=inductor (or aot_eager_decomp_partition to check plumbing cheaply)"
             )
+    if cfg.compiled_autograd and cfg.compile == "off":
+        raise ConfigError(
+            "compiled_autograd compiles the backward of a compiled step, but compile=off; set compile=default"
+        )
+    if cfg.compiled_autograd and cfg.strategy == "ddp":
+        raise ConfigError(
+            "compiled_autograd with strategy=ddp needs DDP's Python reducer (torch._dynamo.config.optimize_ddp="
+            "'python_reducer'), which the workbench does not set up; use strategy=fsdp2 or compiled_autograd=false"
+        )
 
 
 def _copy(value: Any) -> Any:

@@ -156,7 +156,25 @@ MEMORY_BUDGETS_SHOWN = (1.0, 0.75, 0.5, 0.25, 0.0)
 
 def _lever_capabilities(dev: torch.device) -> dict[str, dict[Any, Availability]]:
     """The compiler- and hardware-level levers (memory budget, ...), each value with its reason."""
-    return {"activation_memory_budget": {b: _memory_budget(b, dev) for b in MEMORY_BUDGETS_SHOWN}}
+    return {
+        "activation_memory_budget": {b: _memory_budget(b, dev) for b in MEMORY_BUDGETS_SHOWN},
+        "compiled_autograd": {False: ALWAYS, True: _compiled_autograd(dev)},
+    }
+
+
+def _compiled_autograd(dev: torch.device) -> Availability:
+    compiled = _compile("default", dev)
+    if not compiled.available:
+        return Availability(
+            False, f"compiles the backward with torch.compile, which cannot run here: {compiled.reason}"
+        )
+    from workbench.optimizations.compiled_autograd import CompiledAutogradUnavailable, compiled_autograd_api
+
+    try:
+        compiled_autograd_api()
+    except CompiledAutogradUnavailable as exc:
+        return Availability(False, str(exc))
+    return Availability(True, "needs compile on; adds a backward compile (and recompiles when the graph changes)")
 
 
 def _memory_budget(budget: float, dev: torch.device) -> Availability:

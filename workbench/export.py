@@ -294,6 +294,7 @@ def _what(name: str, value: Any, config: TrainConfig) -> str:
         "persistent_workers": "loader workers stay alive between epochs",
         "seed": "seed of the initial weights and the data order",
         "intra_op_threads": f"{value} CPU thread(s) per operator (torch.set_num_threads)",
+        "compiled_autograd": "each backward's whole autograd graph captured and compiled too",
         "activation_memory_budget": "share of the compiled graph's saved activations kept; the rest recomputed",
         "extra": "options of the workbench's workload; not part of the training step",
     }
@@ -360,6 +361,19 @@ def _add_lever_statements(snippet: _Snippet, config: TrainConfig) -> None:
             "A private PyTorch setting: it is read when the first call compiles."
         )
         code = f"torch._functorch.config.activation_memory_budget = {config.activation_memory_budget!r}"
+        snippet.statements.append("\n".join([*_comment(why, indent="# "), code]))
+    if config.compiled_autograd:
+        snippet.imports.add("from torch._dynamo import compiled_autograd")
+        why = (
+            "Compiled autograd: train_step captures each backward's whole autograd graph and compiles it "
+            "with this compiler (the forward's backend). A private PyTorch API."
+        )
+        args = [f"backend={_q(config.compile_backend)}"]
+        if config.compile_backend == "inductor" and config.compile != "default":
+            args.append(f"mode={_q(config.compile)}")
+        if config.compile_fullgraph:
+            args.append("fullgraph=True")
+        code = "\n".join(_call("BACKWARD_COMPILER = torch.compile", args, indent=0))
         snippet.statements.append("\n".join([*_comment(why, indent="# "), code]))
 
 
@@ -601,9 +615,12 @@ def _train_step(config: TrainConfig, device: str) -> str:
     lines += [
         f"{indent}# Dividing by the micro-batch count makes the accumulated gradient the mean",
         f"{indent}# over all micro-batches, as one big batch would give.",
-        f"{indent}{backward}",
-        "        losses.append(loss.detach())",
     ]
+    if config.compiled_autograd:
+        lines += [f"{indent}with compiled_autograd._enable(BACKWARD_COMPILER):", f"{indent}    {backward}"]
+    else:
+        lines.append(f"{indent}{backward}")
+    lines.append("        losses.append(loss.detach())")
     if config.amp == "fp16":
         lines += ["    scaler.step(optimizer)  # skipped if the gradients overflowed", "    scaler.update()"]
     else:

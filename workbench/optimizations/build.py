@@ -19,6 +19,7 @@ from workbench.optimizations.amp import ContextFactory, apply_amp
 from workbench.optimizations.attention import apply_attention_backend
 from workbench.optimizations.checkpointing import apply_activation_checkpointing
 from workbench.optimizations.compile import apply_compile
+from workbench.optimizations.compiled_autograd import apply_compiled_autograd
 from workbench.optimizations.cuda_graphs import CudaGraphStep, apply_cuda_graphs
 from workbench.optimizations.distributed import apply_data_parallel, grads_stay_bucket_views
 from workbench.optimizations.memory_budget import apply_activation_memory_budget
@@ -109,6 +110,12 @@ def build(workload: Workload, config: TrainConfig, device: str | torch.device | 
         workload, config, dev, runnable, model, optimizer, scaler, applied, autocast, precision, attention, threads
     )
     step.compile_contexts = [budget] if budget is not None else []
+    # 6b. compiled autograd: a context around each backward, compiling the whole autograd graph
+    #     with the forward's backend. After compile, whose compiled forward produces that graph.
+    backward_compile, autograd_record = apply_compiled_autograd(config)
+    if backward_compile is not None and autograd_record is not None:
+        step.backward_contexts.append(backward_compile)
+        applied.append(autograd_record)
     # 7. CUDA graphs capture the step exactly as it finally runs (compiled, checkpointed, AMP).
     if config.cuda_graphs:
         step.graphed, record = apply_cuda_graphs(step.eager_step, model, optimizer, dev)
@@ -148,6 +155,8 @@ class TrainStep:
         self.graphed: CudaGraphStep | None = None
         self.compile_contexts: list[ContextFactory] = []
         """Compiler settings entered around forward (read when the forward compiles)."""
+        self.backward_contexts: list[ContextFactory] = []
+        """Entered around each `.backward()` (compiled autograd)."""
         # Gradients are dropped each step (backward allocates them only as needed), except where
         # they are DDP bucket views, which must survive to save the copy.
         self.grads_to_none = not grads_stay_bucket_views(config)
@@ -193,7 +202,10 @@ class TrainStep:
                     if mark is not None:
                         mark("forward")
                     scaled = loss / count  # mean over micro-batches = gradient of the whole batch
-                    (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+                    with ExitStack() as stack:
+                        for factory in self.backward_contexts:
+                            stack.enter_context(factory())
+                        (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
                 if mark is not None:
                     mark("backward")
                 detached = loss.detach().float()

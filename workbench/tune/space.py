@@ -37,6 +37,7 @@ SEARCHABLE = (
     "batch_size",
     "grad_accumulation",
     "activation_memory_budget",
+    "compiled_autograd",
 )
 
 #: Why the other fields are kept at the baseline's values.
@@ -155,7 +156,8 @@ def _lever_values(caps: Mapping[str, Mapping[Any, Any]], compile_modes: tuple[An
     if compile_modes == ("off",):
         return {}
     budgets = tuple(b for b in (1.0, 0.5) if caps["activation_memory_budget"][b].available)
-    return {"activation_memory_budget": budgets}
+    compiled_autograd = tuple(v for v in (False, True) if caps["compiled_autograd"][v].available)
+    return {"activation_memory_budget": budgets, "compiled_autograd": compiled_autograd}
 
 
 def user_space(
