@@ -635,3 +635,22 @@ def test_compiled_autograd_compiles_the_pasted_backward(tmp_path: Path) -> None:
     run.train(steps=6).assert_learns()
     assert counters["compiled_autograd"]["captures"] >= 1
     torch._dynamo.reset()
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile:UserWarning")
+def test_flex_attention_snippet_routes_attention_fn_modules(tmp_path: Path) -> None:
+    """Forward only on CPU: torch 2.13 has no FlexAttention backward there."""
+    from workbench.workloads.layers import SelfAttention
+
+    config = TrainConfig(attention_backend="flex", compile="default")
+    ns = load(config, tmp_path)
+    assert "    use_flex_attention(model)\n    # Compile last" in to_snippet(config)
+    torch.manual_seed(0)
+    model = nn.Sequential(SelfAttention(16, 2, causal=True), SelfAttention(16, 2))
+    x = torch.randn(2, 24, 16)
+    with torch.no_grad():
+        reference = model(x)
+        assert ns["use_flex_attention"](model) == 2
+        torch.testing.assert_close(model(x), reference, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="no module of the model has an attention_fn"):
+        ns["use_flex_attention"](UserNet())

@@ -181,3 +181,61 @@ def test_compiled_autograd_capability_on_cpu() -> None:
 
     table = capabilities("cpu")["compiled_autograd"]
     assert table[False].available and table[True].available and "compile" in table[True].reason
+
+
+# --- FlexAttention ------------------------------------------------------------------------------
+
+
+#: Eagerly FlexAttention runs its unfused reference and says so, once per process: intended here.
+EAGER_FLEX = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile:UserWarning")
+
+
+@EAGER_FLEX
+@pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_flex_attention_matches_sdpa_within_dtype_tolerance(dtype: torch.dtype, tolerance: float, causal: bool) -> None:
+    """Forward only: torch 2.13 has no FlexAttention backward on CPU (the capability says so)."""
+    from workbench.optimizations.flex_attention import flex_sdpa
+
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 48, 16, generator=generator).to(dtype) for _ in range(3))
+    out = flex_sdpa(q, k, v, is_causal=causal)
+    reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), reference, rtol=tolerance, atol=tolerance)
+
+
+@EAGER_FLEX
+def test_flex_attention_replaces_the_workloads_attention_calls() -> None:
+    from workbench.optimizations.flex_attention import apply_flex_attention, attention_modules, flex_sdpa
+    from workbench.workloads import load_workload
+    from workbench.workloads.layers import SelfAttention
+
+    workload = load_workload("driving-vlm", "tiny")
+    torch.manual_seed(0)
+    model = workload.model_fn().eval()
+    reference_model = workload.model_fn().eval()
+    reference_model.load_state_dict(model.state_dict())
+    expected = [name for name, m in model.named_modules() if isinstance(m, SelfAttention)]
+    record = apply_flex_attention(model)
+    assert attention_modules(model) == expected and f"{len(expected)} attention module(s)" in record.detail
+    assert all(m.attention_fn is flex_sdpa for m in model.modules() if isinstance(m, SelfAttention))
+    batch = next(iter(workload.batches(TrainConfig())))
+    with torch.no_grad():
+        out = workload.forward_fn(model, batch)
+    with torch.no_grad():
+        reference = workload.forward_fn(reference_model, batch)
+    torch.testing.assert_close(out, reference, rtol=1e-4, atol=1e-5)  # causal text and bidirectional vision
+    with pytest.raises(ConfigError, match="no module of TokenMLP calls attention"):
+        apply_flex_attention(TokenMLP())
+
+
+def test_flex_attention_is_refused_on_cpu_with_the_reason_and_needs_compile() -> None:
+    from workbench.device import capabilities
+
+    flex = capabilities("cpu")["attention_backend"]["flex"]
+    assert not flex.available and "cannot train on cpu" in flex.reason and "backward" in flex.reason
+    with pytest.raises(ConfigError, match="attention_backend=flex is not available on cpu"):
+        build(mlp_workload(), TrainConfig(attention_backend="flex", compile="default"), "cpu")
+    with pytest.raises(ConfigError, match="needs compile on"):
+        TrainConfig(attention_backend="flex")

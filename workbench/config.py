@@ -27,7 +27,7 @@ CheckpointPolicy = Literal["off", "full", "selective"]
 MatmulPrecision = Literal["highest", "high", "medium"]
 OptimizerName = Literal["adamw", "sgd"]
 OptimizerImpl = Literal["default", "for-loop", "foreach", "fused"]
-AttentionBackend = Literal["auto", "math", "efficient", "flash", "cudnn"]
+AttentionBackend = Literal["auto", "math", "efficient", "flash", "cudnn", "flex"]
 Strategy = Literal["none", "ddp", "fsdp2"]
 CommHook = Literal["none", "fp16", "bf16"]
 FsdpParamDtype = Literal["fp32", "bf16"]
@@ -90,7 +90,9 @@ class TrainConfig:
     """Learning rate of the optimizer (the same for every candidate keeps losses comparable)."""
 
     attention_backend: AttentionBackend = "auto"
-    """Backend for `F.scaled_dot_product_attention`; 'auto' lets PyTorch choose."""
+    """Backend for `F.scaled_dot_product_attention`; 'auto' lets PyTorch choose. 'flex' routes the
+    model's SDPA-path attention (modules with an `attention_fn`, as the built-in workloads have)
+    through FlexAttention, which needs compile: its fused kernel exists only under torch.compile."""
 
     batch_size: int | None = None
     """Samples per micro-batch; None takes the workload preset's default."""
@@ -538,6 +540,11 @@ def _check_levers(cfg: TrainConfig) -> None:
                 f"compile_backend={cfg.compile_backend} ignores activation_memory_budget (no min-cut partitioner); "
                 "use compile_backend=inductor (or aot_eager_decomp_partition to check plumbing cheaply)"
             )
+    if cfg.attention_backend == "flex" and cfg.compile == "off":
+        raise ConfigError(
+            "attention_backend=flex needs compile on: without torch.compile FlexAttention runs an unfused "
+            "reference that materializes the whole score matrix; set compile=default"
+        )
     if cfg.compiled_autograd and cfg.compile == "off":
         raise ConfigError(
             "compiled_autograd compiles the backward of a compiled step, but compile=off; set compile=default"

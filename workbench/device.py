@@ -366,6 +366,8 @@ def _optimizer_impl(value: str, dev: torch.device) -> Availability:
 def _attention_backend(value: str, dev: torch.device) -> Availability:
     if value == "auto":
         return ALWAYS
+    if value == "flex":
+        return _flex_attention(dev)
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -390,6 +392,27 @@ def _attention_backend(value: str, dev: torch.device) -> Availability:
             dtype_name = str(dtype).removeprefix("torch.")
             return Availability(False, f"the {value} SDPA kernel cannot run on {dev.type} in {dtype_name}: {why}")
     return ALWAYS
+
+
+def _flex_attention(dev: torch.device) -> Availability:
+    """FlexAttention must run forward *and* backward here: training needs both (torch 2.13 has no
+    CPU backward, eager or compiled)."""
+    import torch
+
+    try:
+        from torch.nn.attention.flex_attention import flex_attention
+    except ImportError:
+        return Availability(False, f"torch {torch.__version__} has no torch.nn.attention.flex_attention (2.5+)")
+    q = torch.randn(1, 1, 16, 16, device=dev, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the probe runs eagerly on purpose; PyTorch warns about that
+        try:
+            flex_attention(q, q, q).sum().backward()
+        except (NotImplementedError, RuntimeError) as exc:
+            return Availability(
+                False, f"FlexAttention cannot train on {dev.type} in torch {torch.__version__}: {_first_line(exc)}"
+            )
+    return Availability(True, "needs compile on: FlexAttention's fused kernel exists only under torch.compile")
 
 
 def _pin_memory(value: bool, dev: torch.device) -> Availability:

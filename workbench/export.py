@@ -202,7 +202,9 @@ def to_snippet(config: TrainConfig, *, device: str = "cuda") -> str:
     snippet.functions += _BATCH_HELPERS
     if config.channels_last:
         snippet.functions.append(_IMAGES_CHANNELS_LAST)
-    if config.attention_backend != "auto":
+    if config.attention_backend == "flex":
+        _add_flex_attention(snippet)
+    elif config.attention_backend != "auto":
         snippet.imports.add("from torch.nn.attention import SDPBackend, sdpa_kernel")
     snippet.functions.append(_train_step(config, device))
     if config.cuda_graphs:
@@ -285,7 +287,9 @@ def _what(name: str, value: Any, config: TrainConfig) -> str:
             "fused": "fused optimizer kernel",
         },
         "lr": "learning rate",
-        "attention_backend": f"scaled_dot_product_attention forced to the {value} kernel",
+        "attention_backend": "attention through FlexAttention (fused under torch.compile)"
+        if value == "flex"
+        else f"scaled_dot_product_attention forced to the {value} kernel",
         "batch_size": "samples per micro-batch",
         "grad_accumulation": "micro-batches per optimizer step",
         "num_workers": "DataLoader worker processes",
@@ -441,6 +445,47 @@ def _add_checkpointing(snippet: _Snippet, policy: str) -> None:
     ]
 
 
+def _add_flex_attention(snippet: _Snippet) -> None:
+    """`flex_sdpa` and `use_flex_attention`; mirrors `optimizations.flex_attention`."""
+    snippet.imports.add("from torch.nn.attention.flex_attention import create_block_mask, flex_attention")
+    snippet.functions += [
+        "def _causal(\n"
+        "    batch: Any, head: Any, q_index: torch.Tensor, kv_index: torch.Tensor\n"
+        ") -> torch.Tensor:\n"
+        "    return q_index >= kv_index",
+        "def flex_sdpa(\n"
+        "    query: torch.Tensor,\n"
+        "    key: torch.Tensor,\n"
+        "    value: torch.Tensor,\n"
+        "    *,\n"
+        "    is_causal: bool = False,\n"
+        ") -> torch.Tensor:\n"
+        '    """F.scaled_dot_product_attention(q, k, v, is_causal=...) by FlexAttention.\n'
+        "\n"
+        "    Causal attention is a block mask: the kernel skips the blocks above the diagonal.\n"
+        "    Fast only under torch.compile (eagerly it materializes the whole score matrix).\n"
+        '    """\n'
+        "    block_mask = None\n"
+        "    if is_causal:\n"
+        "        q_len, kv_len = query.shape[-2], key.shape[-2]\n"
+        "        block_mask = create_block_mask(\n"
+        "            _causal, None, None, q_len, kv_len, device=query.device\n"
+        "        )\n"
+        "    return flex_attention(query, key, value, block_mask=block_mask)",
+        "def use_flex_attention(model: nn.Module) -> int:\n"
+        '    """Give every module that calls attention through an `attention_fn` attribute\n'
+        "    (SDPA's signature) flex_sdpa instead. Where your model calls\n"
+        "    F.scaled_dot_product_attention directly, call flex_sdpa there instead.\n"
+        '    """\n'
+        '    modules = [m for m in model.modules() if callable(getattr(m, "attention_fn", None))]\n'
+        "    for module in modules:\n"
+        "        module.attention_fn = flex_sdpa\n"
+        "    if not modules:\n"
+        '        raise ValueError("no module of the model has an attention_fn to replace")\n'
+        "    return len(modules)",
+    ]
+
+
 def _optimize_model(config: TrainConfig) -> str:
     """`optimize_model`: memory format, then checkpointing, then compile (build()'s order)."""
     auto_target = config.activation_checkpointing != "off" and config.checkpoint_target == "auto"
@@ -469,6 +514,11 @@ def _optimize_model(config: TrainConfig) -> str:
         body += [
             "    # Before compile, so torch.compile traces the checkpointed regions.",
             f"    checkpoint_modules(model, {target})",
+        ]
+    if config.attention_backend == "flex":
+        body += [
+            "    # Before compile, so torch.compile traces flex_attention and fuses it.",
+            "    use_flex_attention(model)",
         ]
     if config.compile != "off":
         body += _compile_lines(config)
@@ -594,7 +644,7 @@ def _train_step(config: TrainConfig, device: str) -> str:
     if config.channels_last:
         lines.append("        batch = map_tensors(batch, images_channels_last)")
     indent = "        "
-    if config.attention_backend != "auto":
+    if config.attention_backend not in ("auto", "flex"):
         lines += [
             "        # The SDPA backend holds for backward too: its backward kernel must match.",
             f"        with sdpa_kernel(SDPBackend.{_SDPA_BACKENDS[config.attention_backend]}):",

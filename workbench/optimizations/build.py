@@ -22,6 +22,7 @@ from workbench.optimizations.compile import apply_compile
 from workbench.optimizations.compiled_autograd import apply_compiled_autograd
 from workbench.optimizations.cuda_graphs import CudaGraphStep, apply_cuda_graphs
 from workbench.optimizations.distributed import apply_data_parallel, grads_stay_bucket_views
+from workbench.optimizations.flex_attention import apply_flex_attention
 from workbench.optimizations.memory_budget import apply_activation_memory_budget
 from workbench.optimizations.memory_format import apply_channels_last, to_channels_last
 from workbench.optimizations.optimizer import apply_optimizer
@@ -60,6 +61,11 @@ def build(workload: Workload, config: TrainConfig, device: str | torch.device | 
                 workload.name,
             )
         )
+    # 2a. FlexAttention swaps the attention call inside the model's attention modules: a module
+    #     change, so before compile (dynamo must trace flex_attention to fuse it) and before the
+    #     data-parallel wrappers, which hold the modules as they are.
+    if config.attention_backend == "flex":
+        applied.append(apply_flex_attention(model))
     # 2b. data parallelism (strategy=ddp/fsdp2): after checkpointing, whose wrapped forwards the
     #     shards must contain; before the optimizer, because FSDP2 swaps the parameters for sharded
     #     DTensors; before compile, so dynamo traces the wrapped forward (DDP: wrap, then compile).
