@@ -435,8 +435,21 @@ def test_every_valid_combination_compiles_and_imports_no_workbench(tmp_path: Pat
         TrainConfig(cuda_graphs=True, compile="default", attention_backend="flash", matmul_precision="high"),
         TrainConfig(compile="default", activation_memory_budget=0.5),
         TrainConfig(compile="max-autotune", compile_fullgraph=True, compiled_autograd=True, amp="fp16"),
+        TrainConfig(
+            compile="default", float8="rowwise", amp="bf16", activation_checkpointing="full", channels_last=True
+        ),
+        TrainConfig(compile="default", float8="tensorwise", attention_backend="flex"),
     ],
-    ids=["defaults", "bf16-ckpt", "fp16-selective-loader", "cuda-graphs", "memory-budget", "compiled-autograd"],
+    ids=[
+        "defaults",
+        "bf16-ckpt",
+        "fp16-selective-loader",
+        "cuda-graphs",
+        "memory-budget",
+        "compiled-autograd",
+        "float8-rowwise",
+        "float8-tensorwise-flex",
+    ],
 )
 def test_representative_snippets_pass_ruff_from_stdin(config: TrainConfig) -> None:
     if not RUFF.exists():
@@ -654,3 +667,21 @@ def test_flex_attention_snippet_routes_attention_fn_modules(tmp_path: Path) -> N
         torch.testing.assert_close(model(x), reference, rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="no module of the model has an attention_fn"):
         ns["use_flex_attention"](UserNet())
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_the_float8_filter_in_the_snippet_agrees_with_the_shape_check(recipe: str) -> None:
+    """The snippet imports torchao (not installed here), so its filter function is run on its own."""
+    from workbench.optimizations.float8 import float8_worth_converting
+
+    code = to_snippet(TrainConfig(float8=recipe, compile="default", amp="bf16"))
+    assert f'Float8LinearConfig.from_recipe_name("{recipe}")' in code
+    tree = ast.parse(code)
+    (function,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "float8_worth_converting"]
+    ns: dict[str, Any] = {"nn": nn}
+    exec(compile(ast.Module([function], type_ignores=[]), "snippet", "exec"), ns)
+    sizes = (16, 1000, 1024, 1040, 2048, 2064, 4096, 4112, 8192)
+    for in_features, out_features in itertools.product(sizes, sizes):
+        linear = nn.Linear(in_features, out_features, device="meta")
+        expected = float8_worth_converting(in_features, out_features, recipe)[0]
+        assert ns["float8_worth_converting"](linear, "layer") is expected, (in_features, out_features)

@@ -239,3 +239,94 @@ def test_flex_attention_is_refused_on_cpu_with_the_reason_and_needs_compile() ->
         build(mlp_workload(), TrainConfig(attention_backend="flex", compile="default"), "cpu")
     with pytest.raises(ConfigError, match="needs compile on"):
         TrainConfig(attention_backend="flex")
+
+
+# --- float8: the per-Linear shape check --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("in_features", "out_features", "recipe", "convert"),
+    [
+        (4096, 4096, "tensorwise", True),  # a 4096-wide transformer's projection
+        (1024, 4096, "tensorwise", False),  # small on both of tensorwise's axes
+        (1024, 8192, "tensorwise", True),  # out > 4096
+        (2048, 1024, "tensorwise", True),  # in > 1024
+        (4096, 4096, "rowwise", True),
+        (2048, 8192, "rowwise", False),  # in <= 2048: rowwise's casts dominate
+        (8192, 1024, "rowwise", False),  # out <= 1024
+        (4096, 2048, "rowwise", False),  # in <= 4096 and out <= 2048
+        (8192, 2048, "rowwise", True),  # in > 4096
+        (4100, 8192, "tensorwise", False),  # 4100 is not a multiple of 16
+        (256, 1024, "rowwise", False),  # the tiny presets' widths: nothing to gain
+    ],
+)
+def test_float8_shape_check_classifies_analytic_examples(
+    in_features: int, out_features: int, recipe: str, convert: bool
+) -> None:
+    from workbench.optimizations.float8 import float8_worth_converting
+
+    verdict, reason = float8_worth_converting(in_features, out_features, recipe)
+    assert verdict is convert, reason
+    assert f"{in_features}->{out_features}" in reason
+
+
+def test_float8_plan_and_module_filter_agree_and_skip_by_name() -> None:
+    from workbench.optimizations.float8 import float8_module_filter, float8_plan
+
+    model = nn.ModuleDict(
+        {
+            "up": nn.Linear(4096, 16384),
+            "down": nn.Linear(16384, 4096),
+            "head": nn.Linear(4096, 32),
+            "norm": nn.LayerNorm(8),
+        }
+    )
+    plan = {v.name: v for v in float8_plan(model, "rowwise", skip=("down",))}
+    assert set(plan) == {"up", "down", "head"}  # nn.Linear only
+    assert plan["up"].convert and not plan["head"].convert
+    assert not plan["down"].convert and plan["down"].reason == "skipped by the module filter"
+    keep = float8_module_filter("rowwise", skip=("down",))
+    assert {name for name, m in model.named_modules() if keep(m, name)} == {"up"}
+    with pytest.raises(ConfigError, match="tensorwise' or 'rowwise"):
+        float8_plan(model, "delayed")
+
+
+def test_float8_is_unavailable_on_cpu_and_refused_without_compile() -> None:
+    from workbench.device import capabilities
+
+    table = capabilities("cpu")["float8"]
+    assert table["off"].available
+    for recipe in ("tensorwise", "rowwise"):
+        assert not table[recipe].available and "compute capability 8.9+" in table[recipe].reason
+    with pytest.raises(ConfigError, match="float8=rowwise is not available on cpu"):
+        build(mlp_workload(), TrainConfig(float8="rowwise", compile="default"), "cpu")
+    with pytest.raises(ConfigError, match="needs compile on"):
+        TrainConfig(float8="tensorwise")
+    with pytest.raises(ConfigError, match="float8='fp8' is not valid"):
+        TrainConfig(float8="fp8")
+
+
+def test_float8_refuses_a_model_with_nothing_worth_converting_and_names_the_extra() -> None:
+    import importlib.util
+
+    from workbench.optimizations.float8 import apply_float8
+
+    with pytest.raises(ConfigError, match=r"no nn\.Linear of TokenMLP is large enough"):
+        apply_float8(TokenMLP(), "rowwise")
+    if importlib.util.find_spec("torchao") is None:  # the core's own environment: no torchao
+        with pytest.raises(ConfigError, match=r"training-workbench\[float8\]"):
+            apply_float8(nn.Sequential(nn.Linear(8192, 8192)), "rowwise")
+
+
+def test_the_core_imports_without_torchao() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['torchao'] = None\n"  # an import of torchao now fails
+        "import workbench.optimizations, workbench.device, workbench.export, workbench.tune\n"
+        "from workbench.device import capabilities; capabilities('cpu')\n"
+        "print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -31,6 +31,7 @@ AttentionBackend = Literal["auto", "math", "efficient", "flash", "cudnn", "flex"
 Strategy = Literal["none", "ddp", "fsdp2"]
 CommHook = Literal["none", "fp16", "bf16"]
 FsdpParamDtype = Literal["fp32", "bf16"]
+Float8Recipe = Literal["off", "tensorwise", "rowwise"]
 
 #: compile modes that capture CUDA graphs themselves (cudagraph trees).
 COMPILE_MODES_WITH_CUDA_GRAPHS = ("reduce-overhead", "max-autotune")
@@ -169,6 +170,11 @@ class TrainConfig:
     """Compile only: capture each step's whole backward at `.backward()` and compile it too (compiled
     autograd, `torch._dynamo.compiled_autograd`), beyond the backward AOTAutograd derives per
     forward graph. May fuse more, or only add compile time and recompiles: measure it."""
+
+    float8: Float8Recipe = "off"
+    """float8 training of the `nn.Linear` layers worth it (torchao): 'tensorwise' (one scale per
+    tensor, fastest) or 'rowwise' (a scale per row, more accurate). Needs compile (fuses the casts),
+    an NVIDIA GPU of compute capability 8.9+ and torchao (`pip install 'training-workbench[float8]'`)."""
 
     extra: dict[str, Any] = field(default_factory=dict, compare=True, hash=False)
     """Workload options passed to the workload factory (e.g. {'sample_cost_ms': 5})."""
@@ -540,6 +546,11 @@ def _check_levers(cfg: TrainConfig) -> None:
                 f"compile_backend={cfg.compile_backend} ignores activation_memory_budget (no min-cut partitioner); "
                 "use compile_backend=inductor (or aot_eager_decomp_partition to check plumbing cheaply)"
             )
+    if cfg.float8 != "off" and cfg.compile == "off":
+        raise ConfigError(
+            f"float8={cfg.float8} needs compile on: torch.compile fuses float8's scaling and casting kernels, "
+            "without it they cost more than the float8 GEMMs save; set compile=default"
+        )
     if cfg.attention_backend == "flex" and cfg.compile == "off":
         raise ConfigError(
             "attention_backend=flex needs compile on: without torch.compile FlexAttention runs an unfused "

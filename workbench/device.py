@@ -159,7 +159,30 @@ def _lever_capabilities(dev: torch.device) -> dict[str, dict[Any, Availability]]
     return {
         "activation_memory_budget": {b: _memory_budget(b, dev) for b in MEMORY_BUDGETS_SHOWN},
         "compiled_autograd": {False: ALWAYS, True: _compiled_autograd(dev)},
+        "float8": {r: _float8(r, dev) for r in field_choices("float8") or ()},
     }
+
+
+def _float8(recipe: str, dev: torch.device) -> Availability:
+    if recipe == "off":
+        return ALWAYS
+    from workbench.optimizations.float8 import FLOAT8_CAPABILITY, INSTALL_HINT
+
+    need = ".".join(map(str, FLOAT8_CAPABILITY))
+    if dev.type != "cuda":
+        return Availability(
+            False,
+            f"float8 training needs float8 tensor cores: an NVIDIA GPU of compute capability {need}+ "
+            f"(Ada, Hopper or newer); this trial runs on {dev.type}",
+        )
+    capability = _cuda_capability(dev)
+    if capability < FLOAT8_CAPABILITY:
+        return Availability(
+            False, f"this GPU is compute capability {capability[0]}.{capability[1]}: float8 GEMMs need {need}+"
+        )
+    if importlib.util.find_spec("torchao") is None:
+        return Availability(False, f"float8 training needs torchao, which is not installed: {INSTALL_HINT}")
+    return Availability(True, "needs compile on; converts only the nn.Linear layers large enough to gain")
 
 
 def _compiled_autograd(dev: torch.device) -> Availability:

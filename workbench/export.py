@@ -202,6 +202,8 @@ def to_snippet(config: TrainConfig, *, device: str = "cuda") -> str:
     snippet.functions += _BATCH_HELPERS
     if config.channels_last:
         snippet.functions.append(_IMAGES_CHANNELS_LAST)
+    if config.float8 != "off":
+        _add_float8(snippet, config.float8)
     if config.attention_backend == "flex":
         _add_flex_attention(snippet)
     elif config.attention_backend != "auto":
@@ -298,6 +300,7 @@ def _what(name: str, value: Any, config: TrainConfig) -> str:
         "persistent_workers": "loader workers stay alive between epochs",
         "seed": "seed of the initial weights and the data order",
         "intra_op_threads": f"{value} CPU thread(s) per operator (torch.set_num_threads)",
+        "float8": f"float8 GEMMs ({value} scales) for the nn.Linear layers large enough to gain",
         "compiled_autograd": "each backward's whole autograd graph captured and compiled too",
         "activation_memory_budget": "share of the compiled graph's saved activations kept; the rest recomputed",
         "extra": "options of the workbench's workload; not part of the training step",
@@ -445,6 +448,39 @@ def _add_checkpointing(snippet: _Snippet, policy: str) -> None:
     ]
 
 
+def _add_float8(snippet: _Snippet, recipe: str) -> None:
+    """The per-Linear filter torchao calls; mirrors `optimizations.float8.float8_worth_converting`."""
+    snippet.imports.add("from torchao.float8 import Float8LinearConfig, convert_to_float8_training")
+    if recipe == "tensorwise":
+        rule = [
+            "    # Smaller GEMMs lose: the casts cost more than the float8 GEMM saves (torchao's",
+            "    # thresholds for tensorwise scales, measured on H100).",
+            "    return out_features > 4096 or in_features > 1024",
+        ]
+    else:
+        rule = [
+            "    # Smaller GEMMs lose: the casts cost more than the float8 GEMM saves (torchao's",
+            "    # thresholds for rowwise scales, measured on H100).",
+            "    if in_features <= 2048 or out_features <= 1024:",
+            "        return False",
+            "    return in_features > 4096 or out_features > 2048",
+        ]
+    snippet.functions.append(
+        "\n".join(
+            [
+                "def float8_worth_converting(module: nn.Module, fqn: str) -> bool:",
+                '    """Convert an nn.Linear to float8 only where its GEMMs are large enough to gain."""',
+                "    if not isinstance(module, nn.Linear):",
+                "        return False",
+                "    in_features, out_features = module.in_features, module.out_features",
+                "    if in_features % 16 or out_features % 16:  # float8 GEMMs need multiples of 16",
+                "        return False",
+                *rule,
+            ]
+        )
+    )
+
+
 def _add_flex_attention(snippet: _Snippet) -> None:
     """`flex_sdpa` and `use_flex_attention`; mirrors `optimizations.flex_attention`."""
     snippet.imports.add("from torch.nn.attention.flex_attention import create_block_mask, flex_attention")
@@ -509,6 +545,20 @@ def _optimize_model(config: TrainConfig) -> str:
         ]
     else:
         body.append("    model = model.to(DEVICE)")
+    if config.float8 != "off":
+        body += [
+            "    # float8 GEMMs for the Linears large enough to gain (float8_worth_converting).",
+            "    # Before checkpointing and compile: they must see the converted modules.",
+            *_call(
+                "convert_to_float8_training",
+                [
+                    "model",
+                    f"config=Float8LinearConfig.from_recipe_name({_q(config.float8)})",
+                    "module_filter_fn=float8_worth_converting",
+                ],
+                indent=4,
+            ),
+        ]
     if config.activation_checkpointing != "off":
         target = "checkpoint_target" if auto_target else "CHECKPOINT_TARGET"
         body += [
@@ -836,5 +886,5 @@ def _import_block(imports: set[str]) -> str:
 
 
 def _is_torch(line: str) -> bool:
-    module = line.split()[1]
-    return module == "torch" or module.startswith("torch.")
+    """torch and torchao: the snippet's third-party imports (isort's second group)."""
+    return line.split()[1].split(".")[0] in ("torch", "torchao")

@@ -23,6 +23,7 @@ from workbench.optimizations.compiled_autograd import apply_compiled_autograd
 from workbench.optimizations.cuda_graphs import CudaGraphStep, apply_cuda_graphs
 from workbench.optimizations.distributed import apply_data_parallel, grads_stay_bucket_views
 from workbench.optimizations.flex_attention import apply_flex_attention
+from workbench.optimizations.float8 import apply_float8
 from workbench.optimizations.memory_budget import apply_activation_memory_budget
 from workbench.optimizations.memory_format import apply_channels_last, to_channels_last
 from workbench.optimizations.optimizer import apply_optimizer
@@ -49,6 +50,11 @@ def build(workload: Workload, config: TrainConfig, device: str | torch.device | 
     #    the parameters) and compiled kernels must see the final layout.
     if config.channels_last:
         applied.append(apply_channels_last(model))
+    # 1b. float8 swaps nn.Linear for torchao's Float8Linear: a module change all later steps must
+    #     see (checkpointing patches the final modules, the optimizer holds the final parameters,
+    #     compile traces the float8 casts to fuse them); torchtitan converts before parallelizing.
+    if config.float8 != "off":
+        applied.append(apply_float8(model, config.float8))
     # 2. activation checkpointing: patches module forwards. Before compile, so dynamo traces the
     #    checkpointed regions (torchtitan: "turn on per-block compile after AC wrapping").
     if config.activation_checkpointing != "off":

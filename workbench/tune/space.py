@@ -38,6 +38,7 @@ SEARCHABLE = (
     "grad_accumulation",
     "activation_memory_budget",
     "compiled_autograd",
+    "float8",
 )
 
 #: Why the other fields are kept at the baseline's values.
@@ -157,7 +158,8 @@ def _lever_values(caps: Mapping[str, Mapping[Any, Any]], compile_modes: tuple[An
         return {}
     budgets = tuple(b for b in (1.0, 0.5) if caps["activation_memory_budget"][b].available)
     compiled_autograd = tuple(v for v in (False, True) if caps["compiled_autograd"][v].available)
-    return {"activation_memory_budget": budgets, "compiled_autograd": compiled_autograd}
+    float8 = tuple(v for v, a in caps["float8"].items() if a.available)
+    return {"activation_memory_budget": budgets, "compiled_autograd": compiled_autograd, "float8": float8}
 
 
 def user_space(
