@@ -439,6 +439,8 @@ def test_every_valid_combination_compiles_and_imports_no_workbench(tmp_path: Pat
             compile="default", float8="rowwise", amp="bf16", activation_checkpointing="full", channels_last=True
         ),
         TrainConfig(compile="default", float8="tensorwise", attention_backend="flex"),
+        TrainConfig(activation_offload="auto", activation_checkpointing="full"),
+        TrainConfig(activation_offload="encoder.*", compile="default", activation_memory_budget=0.5),
     ],
     ids=[
         "defaults",
@@ -449,6 +451,8 @@ def test_every_valid_combination_compiles_and_imports_no_workbench(tmp_path: Pat
         "compiled-autograd",
         "float8-rowwise",
         "float8-tensorwise-flex",
+        "offload-auto-ckpt",
+        "offload-glob-compile",
     ],
 )
 def test_representative_snippets_pass_ruff_from_stdin(config: TrainConfig) -> None:
@@ -685,3 +689,19 @@ def test_the_float8_filter_in_the_snippet_agrees_with_the_shape_check(recipe: st
         linear = nn.Linear(in_features, out_features, device="meta")
         expected = float8_worth_converting(in_features, out_features, recipe)[0]
         assert ns["float8_worth_converting"](linear, "layer") is expected, (in_features, out_features)
+
+
+def test_the_offload_snippet_wraps_the_named_modules_after_checkpointing(tmp_path: Path) -> None:
+    """Pinned host memory needs CUDA, so on CPU the wrapping is checked, not a forward (tests/gpu)."""
+    config = TrainConfig(activation_offload="Block", activation_checkpointing="full", checkpoint_target="Block")
+    code = to_snippet(config, device="cuda")
+    assert code.index("checkpoint_modules(model, CHECKPOINT_TARGET)") < code.index(
+        "offload_modules(model, OFFLOAD_TARGET)"
+    )
+    assert 'OFFLOAD_TARGET = "Block"' in code
+    ns = load(config, tmp_path)
+    model = UserNet()
+    blocks = [name for name, m in model.named_modules() if type(m).__name__ == "Block"]
+    assert ns["offload_modules"](model, "Block") == blocks and len(blocks) == 2
+    auto = to_snippet(TrainConfig(activation_offload="auto"))
+    assert "OFFLOAD_TARGET = \"MyBlock\"  # the workbench's 'auto'" in auto and "    return model" in auto

@@ -330,3 +330,45 @@ def test_the_core_imports_without_torchao() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+# --- activation offload (CPU: which modules, validation, refusal; the memory effect is a GPU test) ---
+
+
+def test_offload_wraps_the_matching_modules_and_keeps_gradients() -> None:
+    from workbench.optimizations.offload import apply_activation_offload, offloaded_modules
+
+    torch.manual_seed(0)
+    model, reference = TokenMLP(), TokenMLP()
+    reference.load_state_dict(model.state_dict())
+    record = apply_activation_offload(model, "blocks.*", pin_memory=False)  # pinned memory needs CUDA
+    assert offloaded_modules(model) == ["blocks.0", "blocks.1", "blocks.2"] and "3 Sequential" in record.detail
+    apply_activation_offload(model, "blocks.*", pin_memory=False)  # twice: still wrapped once
+    assert offloaded_modules(model) == ["blocks.0", "blocks.1", "blocks.2"]
+    packed = []
+    x = torch.randn(2, 8, 32)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        model(x).sum().backward()  # the module's own (inner) hooks take over inside the blocks
+    reference(x).sum().backward()
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)
+    assert packed, "the head, outside the offloaded blocks, still saves through the outer hooks"
+    assert apply_activation_offload(TokenMLP(), "auto", "Sequential").detail.startswith("saved activations of 1")
+    with pytest.raises(ConfigError, match="activation_offload 'Blok' matches no module of TokenMLP"):
+        apply_activation_offload(TokenMLP(), "Blok")
+    with pytest.raises(ConfigError, match="activation_offload=auto, but"):
+        apply_activation_offload(TokenMLP(), "auto", None, "token-mlp")
+
+
+def test_offload_is_unavailable_on_cpu_with_the_reason_and_refused_with_cuda_graphs() -> None:
+    from workbench.device import capabilities, check_config
+
+    offload = capabilities("cpu")["activation_offload"]["auto"]
+    assert not offload.available and "already live in host memory" in offload.reason
+    with pytest.raises(ConfigError, match=r"activation_offload=encoder\.\* is not available on cpu"):
+        check_config(TrainConfig(activation_offload="encoder.*"), "cpu")
+    with pytest.raises(ConfigError, match="CUDA graph cannot capture"):
+        TrainConfig(activation_offload="auto", cuda_graphs=True)
+    with pytest.raises(ConfigError, match="activation_offload must be 'off', 'auto'"):
+        TrainConfig(activation_offload=" ")
+    assert TrainConfig().with_overrides("activation_offload=TransformerBlock").activation_offload == "TransformerBlock"

@@ -359,6 +359,7 @@ def test_the_compiler_levers_are_searched_where_compile_is() -> None:
     space = default_space(8, "cpu", cpu_cores=2)
     assert space.values["activation_memory_budget"] == (1.0, 0.5)  # off first: the baseline's value
     assert space.values["compiled_autograd"] == (False, True)
+    assert space.values["float8"] == ("off",) and space.values["activation_offload"] == ("off",)  # CPU: why in caps
     no_compile = default_space(8, "cpu", cpu_cores=2).narrowed({"compile": ["off"]}, device="cpu")
     widened = user_space({"activation_memory_budget": [1.0, 0.25]}, "cpu")
     assert widened.values["activation_memory_budget"] == (1.0, 0.25)

@@ -176,6 +176,12 @@ class TrainConfig:
     tensor, fastest) or 'rowwise' (a scale per row, more accurate). Needs compile (fuses the casts),
     an NVIDIA GPU of compute capability 8.9+ and torchao (`pip install 'training-workbench[float8]'`)."""
 
+    activation_offload: str = "off"
+    """Keep the activations saved inside these modules in pinned host memory until backward
+    (`torch.autograd.graph.save_on_cpu`): less GPU memory for PCIe copy time. 'off', 'auto' (the
+    workload's repeated block) or, as checkpoint_target, a class name or name glob. CUDA only; under
+    compile each offloaded module is a graph break."""
+
     extra: dict[str, Any] = field(default_factory=dict, compare=True, hash=False)
     """Workload options passed to the workload factory (e.g. {'sample_cost_ms': 5})."""
 
@@ -400,6 +406,10 @@ def _check_choices(cfg: TrainConfig) -> None:
             "checkpoint_target must be a module class name, a name pattern such as 'encoder.*', or 'auto'"
         )
     _check_budget_value(cfg.activation_memory_budget)
+    if not isinstance(cfg.activation_offload, str) or not cfg.activation_offload.strip():
+        raise ConfigError(
+            "activation_offload must be 'off', 'auto', a module class name or a name pattern such as 'encoder.*'"
+        )
     if not isinstance(cfg.extra, dict):
         raise ConfigError(f"extra must be a dict of workload options, got {type(cfg.extra).__name__}")
 
@@ -546,6 +556,11 @@ def _check_levers(cfg: TrainConfig) -> None:
                 f"compile_backend={cfg.compile_backend} ignores activation_memory_budget (no min-cut partitioner); "
                 "use compile_backend=inductor (or aot_eager_decomp_partition to check plumbing cheaply)"
             )
+    if cfg.activation_offload != "off" and cfg.cuda_graphs:
+        raise ConfigError(
+            "activation_offload copies saved activations into host memory allocated each step, which a CUDA "
+            "graph cannot capture; turn one of them off"
+        )
     if cfg.float8 != "off" and cfg.compile == "off":
         raise ConfigError(
             f"float8={cfg.float8} needs compile on: torch.compile fuses float8's scaling and casting kernels, "

@@ -160,7 +160,19 @@ def _lever_capabilities(dev: torch.device) -> dict[str, dict[Any, Availability]]
         "activation_memory_budget": {b: _memory_budget(b, dev) for b in MEMORY_BUDGETS_SHOWN},
         "compiled_autograd": {False: ALWAYS, True: _compiled_autograd(dev)},
         "float8": {r: _float8(r, dev) for r in field_choices("float8") or ()},
+        # Any module pattern is valid; 'auto' stands for them all (check_config judges any value).
+        "activation_offload": {"off": ALWAYS, "auto": _activation_offload(dev)},
     }
+
+
+def _activation_offload(dev: torch.device) -> Availability:
+    if dev.type != "cuda":
+        return Availability(
+            False,
+            f"offload moves saved activations from GPU memory to host memory; on a {dev.type} device they "
+            "already live in host memory, so there is nothing to gain",
+        )
+    return Availability(True, "trades PCIe copy time for GPU memory; under compile a graph break per module")
 
 
 def _float8(recipe: str, dev: torch.device) -> Availability:
@@ -235,6 +247,12 @@ def check_config(config: TrainConfig, device: str | torch.device | None = None) 
         availability = table.get(value)
         if availability is not None and not availability.available:
             raise ConfigError(f"{name}={value} is not available on {dev}: {availability.reason}")
+    if config.activation_offload != "off":
+        offload = caps["activation_offload"]["auto"]  # the same for every module pattern
+        if not offload.available:
+            raise ConfigError(
+                f"activation_offload={config.activation_offload} is not available on {dev}: {offload.reason}"
+            )
     if config.strategy != "none":
         world = world_size_availability(config.nproc_per_node, dev)
         if not world.available:

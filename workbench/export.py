@@ -183,6 +183,13 @@ def to_snippet(config: TrainConfig, *, device: str = "cuda") -> str:
             "# Modules to checkpoint: a class name, or an fnmatch glob over qualified names.",
             f"CHECKPOINT_TARGET = {_q(config.checkpoint_target)}",
         ]
+    if config.activation_offload != "off":
+        target = config.activation_offload
+        note = "  # the workbench's 'auto': its workload's block; name yours" if target == "auto" else ""
+        snippet.constants += [
+            "# Modules whose saved activations wait in host memory: a class name or fnmatch glob.",
+            f"OFFLOAD_TARGET = {_q('MyBlock' if target == 'auto' else target)}{note}",
+        ]
     snippet.imports.add("from typing import Any")
     snippet.constants += [
         "",
@@ -204,6 +211,8 @@ def to_snippet(config: TrainConfig, *, device: str = "cuda") -> str:
         snippet.functions.append(_IMAGES_CHANNELS_LAST)
     if config.float8 != "off":
         _add_float8(snippet, config.float8)
+    if config.activation_offload != "off":
+        _add_offload(snippet)
     if config.attention_backend == "flex":
         _add_flex_attention(snippet)
     elif config.attention_backend != "auto":
@@ -300,6 +309,7 @@ def _what(name: str, value: Any, config: TrainConfig) -> str:
         "persistent_workers": "loader workers stay alive between epochs",
         "seed": "seed of the initial weights and the data order",
         "intra_op_threads": f"{value} CPU thread(s) per operator (torch.set_num_threads)",
+        "activation_offload": "saved activations of these modules wait in pinned host memory",
         "float8": f"float8 GEMMs ({value} scales) for the nn.Linear layers large enough to gain",
         "compiled_autograd": "each backward's whole autograd graph captured and compiled too",
         "activation_memory_budget": "share of the compiled graph's saved activations kept; the rest recomputed",
@@ -448,6 +458,32 @@ def _add_checkpointing(snippet: _Snippet, policy: str) -> None:
     ]
 
 
+def _add_offload(snippet: _Snippet) -> None:
+    """`offload_modules`; mirrors `optimizations.offload`."""
+    snippet.imports |= {"import fnmatch", "import functools"}
+    snippet.functions += [
+        "def _offloaded(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:\n"
+        "    # What autograd saves in here is copied to pinned host memory and back for backward.\n"
+        "    with torch.autograd.graph.save_on_cpu(pin_memory=True):\n"
+        "        return forward(*args, **kwargs)",
+        "def offload_modules(model: nn.Module, target: str) -> list[str]:\n"
+        '    """Keep the activations saved inside every module matching `target` (a class\n'
+        "    name or an fnmatch glob over qualified names) in host memory until backward.\n"
+        '    """\n'
+        "    wrapped: list[str] = []\n"
+        "    for name, module in model.named_modules():\n"
+        '        if any(w == "" or name == w or name.startswith(w + ".") for w in wrapped):\n'
+        "            continue\n"
+        "        by_class = type(module).__name__ == target\n"
+        '        if by_class or (name != "" and fnmatch.fnmatchcase(name, target)):\n'
+        "            module.forward = functools.partial(_offloaded, module.forward)\n"
+        "            wrapped.append(name)\n"
+        "    if not wrapped:\n"
+        '        raise ValueError(f"offload target {target!r} matches no module of the model")\n'
+        "    return wrapped",
+    ]
+
+
 def _add_float8(snippet: _Snippet, recipe: str) -> None:
     """The per-Linear filter torchao calls; mirrors `optimizations.float8.float8_worth_converting`."""
     snippet.imports.add("from torchao.float8 import Float8LinearConfig, convert_to_float8_training")
@@ -565,6 +601,12 @@ def _optimize_model(config: TrainConfig) -> str:
             "    # Before compile, so torch.compile traces the checkpointed regions.",
             f"    checkpoint_modules(model, {target})",
         ]
+    if config.activation_offload != "off":
+        body += [
+            "    # After checkpointing (on a checkpointed block only its inputs are saved, so only",
+            "    # those move), before compile, which breaks the graph at each offloaded module.",
+            "    offload_modules(model, OFFLOAD_TARGET)",
+        ]
     if config.attention_backend == "flex":
         body += [
             "    # Before compile, so torch.compile traces flex_attention and fuses it.",
@@ -572,7 +614,7 @@ def _optimize_model(config: TrainConfig) -> str:
         ]
     if config.compile != "off":
         body += _compile_lines(config)
-    elif config.activation_checkpointing != "off":
+    elif config.activation_checkpointing != "off" or config.activation_offload != "off":
         body.append("    return model")
     else:  # nothing after the move: return it directly
         body[-1] = body[-1].replace("model = ", "return ", 1)

@@ -26,6 +26,7 @@ from workbench.optimizations.flex_attention import apply_flex_attention
 from workbench.optimizations.float8 import apply_float8
 from workbench.optimizations.memory_budget import apply_activation_memory_budget
 from workbench.optimizations.memory_format import apply_channels_last, to_channels_last
+from workbench.optimizations.offload import apply_activation_offload
 from workbench.optimizations.optimizer import apply_optimizer
 from workbench.optimizations.precision import apply_fp32_precision
 from workbench.optimizations.record import Applied
@@ -67,7 +68,14 @@ def build(workload: Workload, config: TrainConfig, device: str | torch.device | 
                 workload.name,
             )
         )
-    # 2a. FlexAttention swaps the attention call inside the model's attention modules: a module
+    # 2a. activation offload patches module forwards as checkpointing does, after it: on a module
+    #     both target, offload wraps the checkpointed forward and moves only what checkpointing
+    #     saves (the block's inputs). Before compile and the data-parallel wrappers, like 2.
+    if config.activation_offload != "off":
+        applied.append(
+            apply_activation_offload(model, config.activation_offload, workload.checkpoint_target, workload.name)
+        )
+    # 2a'. FlexAttention swaps the attention call inside the model's attention modules: a module
     #     change, so before compile (dynamo must trace flex_attention to fuse it) and before the
     #     data-parallel wrappers, which hold the modules as they are.
     if config.attention_backend == "flex":

@@ -39,6 +39,7 @@ SEARCHABLE = (
     "activation_memory_budget",
     "compiled_autograd",
     "float8",
+    "activation_offload",
 )
 
 #: Why the other fields are kept at the baseline's values.
@@ -142,6 +143,7 @@ def default_space(
     values["channels_last"] = (False, True)
     values["compile"] = tuple(v for v in ("off", "default") if caps["compile"][v].available)
     values["activation_checkpointing"] = ("off", "full", "selective")
+    values["activation_offload"] = _offload_values(caps)
     values["num_workers"] = (0, *(n for n in (2, 4, 8) if n <= cores))
     sizes = sorted({max(1, workload_batch // 2), workload_batch, workload_batch * 2})
     if global_batch is not None:
@@ -160,6 +162,11 @@ def _lever_values(caps: Mapping[str, Mapping[Any, Any]], compile_modes: tuple[An
     compiled_autograd = tuple(v for v in (False, True) if caps["compiled_autograd"][v].available)
     float8 = tuple(v for v, a in caps["float8"].items() if a.available)
     return {"activation_memory_budget": budgets, "compiled_autograd": compiled_autograd, "float8": float8}
+
+
+def _offload_values(caps: Mapping[str, Mapping[Any, Any]]) -> tuple[Any, ...]:
+    """Offload of the workload's block ('auto') where this device can offload at all."""
+    return tuple(v for v, a in caps["activation_offload"].items() if a.available)
 
 
 def user_space(
