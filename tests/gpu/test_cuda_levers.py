@@ -117,3 +117,20 @@ def test_offload_moves_saved_activations_off_the_gpu_and_keeps_gradients() -> No
     # Four blocks of 8x1024x4096 fp32 GELU inputs/outputs stay on the GPU without offload.
     assert held["blocks.*"] < held["off"] / 4, held
     torch.testing.assert_close(grads["blocks.*"], grads["off"], rtol=1e-4, atol=1e-5)
+
+
+def test_flex_attention_trains_like_sdpa_on_the_vlm() -> None:
+    """FlexAttention, compiled, in the VLM's causal text and bidirectional vision blocks: same losses."""
+    from workbench.device import capabilities
+    from workbench.workloads import load_workload
+
+    assert capabilities("cuda")["attention_backend"]["flex"].available
+    workload = load_workload("driving-vlm", "tiny")
+    base = TrainConfig(compile="default", lr=1e-3)
+    flex = build(workload, base.replace(attention_backend="flex"), "cuda")
+    assert any(a.toggle == "attention_backend" and a.value == "flex" for a in flex.applied)
+    torch._dynamo.reset()
+    reference = losses(build(workload, base, "cuda"))
+    torch._dynamo.reset()
+    measured = losses(flex)
+    torch.testing.assert_close(torch.tensor(measured), torch.tensor(reference), rtol=2e-3, atol=1e-4)
