@@ -115,7 +115,10 @@ def test_the_budget_is_scoped_to_the_step() -> None:
         ({"activation_memory_budget": True}, "from 0 to 1"),
         ({"activation_memory_budget": 0.5}, "compile=off; set compile=default"),
         ({"activation_memory_budget": 0.5, "compile": "default", "compile_backend": "eager"}, "use compile_backend="),
-        ({"activation_memory_budget": 0.5, "compile": "default", "compile_backend": "aot_eager"}, "min-cut"),
+        (
+            {"activation_memory_budget": 0.5, "compile": "default", "compile_backend": "aot_eager_default_partitioner"},
+            "min-cut",
+        ),
     ],
 )
 def test_memory_budget_validation_says_how_to_fix_it(changes: dict[str, Any], message: str) -> None:

@@ -531,8 +531,9 @@ def _check_distributed(cfg: TrainConfig) -> None:
 # --- the compiler-level levers (memory budget, ...) ---------------------------------------
 
 #: Compile backends that never consult the activation memory budget: 'eager' runs no AOTAutograd,
-#: 'aot_eager' partitions with the default (save-everything) partitioner, not the min-cut one.
-BACKENDS_WITHOUT_MEMORY_BUDGET = ("eager", "aot_eager")
+#: 'aot_eager_default_partitioner' partitions with the default (save-everything) partitioner, not the
+#: min-cut one that inductor and aot_eager use (torch 2.13's torch/_dynamo/backends/debugging.py).
+BACKENDS_WITHOUT_MEMORY_BUDGET = ("eager", "aot_eager_default_partitioner")
 
 
 def _check_budget_value(budget: Any) -> None:
@@ -554,7 +555,7 @@ def _check_levers(cfg: TrainConfig) -> None:
         if cfg.compile_backend in BACKENDS_WITHOUT_MEMORY_BUDGET:
             raise ConfigError(
                 f"compile_backend={cfg.compile_backend} ignores activation_memory_budget (no min-cut partitioner); "
-                "use compile_backend=inductor (or aot_eager_decomp_partition to check plumbing cheaply)"
+                "use compile_backend=inductor (or aot_eager to check plumbing cheaply)"
             )
     if cfg.activation_offload != "off" and cfg.cuda_graphs:
         raise ConfigError(
