@@ -5,6 +5,9 @@ keeps b of the activations its runtime-optimal plan would save and recomputes th
 (a 0-1 knapsack over the ops' FLOPs). It only acts where AOTAutograd partitions a compiled graph,
 so it is a compile lever. The knob is a private PyTorch config
 (`torch._functorch.config.activation_memory_budget`); this is the one module that touches it.
+Dynamo does not guard its compiled code on this setting: in one process a second model of the
+same class reuses the first one's graph and its partitioning. Trials run in fresh workers, so
+each compiles its own; an inline trial after another compiled one of the same workload does not.
 """
 
 from __future__ import annotations
