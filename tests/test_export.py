@@ -433,8 +433,27 @@ def test_every_valid_combination_compiles_and_imports_no_workbench(tmp_path: Pat
         TrainConfig(amp="bf16", channels_last=True, activation_checkpointing="full", checkpoint_target="Block"),
         TrainConfig(amp="fp16", activation_checkpointing="selective", num_workers=2, prefetch_factor=4),
         TrainConfig(cuda_graphs=True, compile="default", attention_backend="flash", matmul_precision="high"),
+        TrainConfig(compile="default", activation_memory_budget=0.5),
+        TrainConfig(compile="max-autotune", compile_fullgraph=True, compiled_autograd=True, amp="fp16"),
+        TrainConfig(
+            compile="default", float8="rowwise", amp="bf16", activation_checkpointing="full", channels_last=True
+        ),
+        TrainConfig(compile="default", float8="tensorwise", attention_backend="flex"),
+        TrainConfig(activation_offload="auto", activation_checkpointing="full"),
+        TrainConfig(activation_offload="encoder.*", compile="default", activation_memory_budget=0.5),
     ],
-    ids=["defaults", "bf16-ckpt", "fp16-selective-loader", "cuda-graphs"],
+    ids=[
+        "defaults",
+        "bf16-ckpt",
+        "fp16-selective-loader",
+        "cuda-graphs",
+        "memory-budget",
+        "compiled-autograd",
+        "float8-rowwise",
+        "float8-tensorwise-flex",
+        "offload-auto-ckpt",
+        "offload-glob-compile",
+    ],
 )
 def test_representative_snippets_pass_ruff_from_stdin(config: TrainConfig) -> None:
     if not RUFF.exists():
@@ -599,3 +618,90 @@ def test_the_snippet_sets_the_measured_intra_op_threads(tmp_path: Path) -> None:
     assert "set_num_threads" not in to_snippet(TrainConfig(), device="cpu")
     load(TrainConfig(intra_op_threads=2), tmp_path)
     assert torch.get_num_threads() == 2  # the autouse fixture restores the count afterwards
+
+
+# --- the compiler-level levers ----------------------------------------------------------------
+
+
+def test_the_memory_budget_is_set_before_the_first_compiled_call(tmp_path: Path) -> None:
+    import torch._functorch.config as functorch_config
+
+    config = TrainConfig(
+        compile="default", compile_backend="aot_eager_decomp_partition", activation_memory_budget=0.4, lr=1e-2
+    )
+    torch._dynamo.reset()
+    with functorch_config.patch(activation_memory_budget=1.0):  # the snippet sets a process global
+        run = Run(load(config, tmp_path), UserNet())
+        assert functorch_config.activation_memory_budget == 0.4
+        run.train(steps=6).assert_learns()
+    torch._dynamo.reset()
+
+
+# Compiled autograd reads `.grad` of its own fake non-leaf tensors while capturing, and torch 2.13
+# warns about it; the pasted snippet keeps plain PyTorch's behaviour (the warning is shown).
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf:UserWarning")
+def test_compiled_autograd_compiles_the_pasted_backward(tmp_path: Path) -> None:
+    from torch._dynamo.utils import counters
+
+    config = TrainConfig(compile="default", compile_backend="aot_eager", compiled_autograd=True, lr=1e-2)
+    code = to_snippet(config, device="cpu")
+    assert 'BACKWARD_COMPILER = torch.compile(backend="aot_eager")' in code
+    torch._dynamo.reset()
+    counters.clear()
+    run = Run(load(config, tmp_path), UserNet())
+    run.train(steps=6).assert_learns()
+    assert counters["compiled_autograd"]["captures"] >= 1
+    torch._dynamo.reset()
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile:UserWarning")
+def test_flex_attention_snippet_routes_attention_fn_modules(tmp_path: Path) -> None:
+    """Forward only on CPU: torch 2.13 has no FlexAttention backward there."""
+    from workbench.workloads.layers import SelfAttention
+
+    config = TrainConfig(attention_backend="flex", compile="default")
+    ns = load(config, tmp_path)
+    assert "    use_flex_attention(model)\n    # Compile last" in to_snippet(config)
+    torch.manual_seed(0)
+    model = nn.Sequential(SelfAttention(16, 2, causal=True), SelfAttention(16, 2))
+    x = torch.randn(2, 24, 16)
+    with torch.no_grad():
+        reference = model(x)
+        assert ns["use_flex_attention"](model) == 2
+        torch.testing.assert_close(model(x), reference, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="no module of the model has an attention_fn"):
+        ns["use_flex_attention"](UserNet())
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_the_float8_filter_in_the_snippet_agrees_with_the_shape_check(recipe: str) -> None:
+    """The snippet imports torchao (not installed here), so its filter function is run on its own."""
+    from workbench.optimizations.float8 import float8_worth_converting
+
+    code = to_snippet(TrainConfig(float8=recipe, compile="default", amp="bf16"))
+    assert f'Float8LinearConfig.from_recipe_name("{recipe}")' in code
+    tree = ast.parse(code)
+    (function,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "float8_worth_converting"]
+    ns: dict[str, Any] = {"nn": nn}
+    exec(compile(ast.Module([function], type_ignores=[]), "snippet", "exec"), ns)
+    sizes = (16, 1000, 1024, 1040, 2048, 2064, 4096, 4112, 8192)
+    for in_features, out_features in itertools.product(sizes, sizes):
+        linear = nn.Linear(in_features, out_features, device="meta")
+        expected = float8_worth_converting(in_features, out_features, recipe)[0]
+        assert ns["float8_worth_converting"](linear, "layer") is expected, (in_features, out_features)
+
+
+def test_the_offload_snippet_wraps_the_named_modules_after_checkpointing(tmp_path: Path) -> None:
+    """Pinned host memory needs CUDA, so on CPU the wrapping is checked, not a forward (tests/gpu)."""
+    config = TrainConfig(activation_offload="Block", activation_checkpointing="full", checkpoint_target="Block")
+    code = to_snippet(config, device="cuda")
+    assert code.index("checkpoint_modules(model, CHECKPOINT_TARGET)") < code.index(
+        "offload_modules(model, OFFLOAD_TARGET)"
+    )
+    assert 'OFFLOAD_TARGET = "Block"' in code
+    ns = load(config, tmp_path)
+    model = UserNet()
+    blocks = [name for name, m in model.named_modules() if type(m).__name__ == "Block"]
+    assert ns["offload_modules"](model, "Block") == blocks and len(blocks) == 2
+    auto = to_snippet(TrainConfig(activation_offload="auto"))
+    assert "OFFLOAD_TARGET = \"MyBlock\"  # the workbench's 'auto'" in auto and "    return model" in auto

@@ -64,3 +64,18 @@ def test_quickstart_walks_every_lever() -> None:
     positions = [source.index(marker) for marker in order]
     assert positions == sorted(positions)
     assert NOTEBOOKS[0].name == "01_quickstart.ipynb"
+
+
+def test_quickstart_names_the_newer_levers_with_their_costs() -> None:
+    """The "More levers" section names every 2025–26 lever field, each with its requirement."""
+    cells = nbformat.read(NOTEBOOKS[0], as_version=4).cells
+    (section,) = [c.source for c in cells if c.cell_type == "markdown" and c.source.startswith("## More levers")]
+    for lever in (
+        "activation_memory_budget=",
+        "compiled_autograd=",
+        'attention_backend="flex"',
+        "float8=",
+        "activation_offload=",
+    ):
+        assert lever in section, lever
+    assert section.count("needs `compile`") >= 3 and "compute capability 8.9+" in section

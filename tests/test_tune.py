@@ -353,3 +353,19 @@ def test_memory_limit_finds_the_largest_batch_then_verifies_it_with_one_trial(tm
     big = [t for t in result.trials if t.params.get("batch_size") == 256]
     assert all(t.status == "over-memory" and t.result is None for t in big), "256 was run despite the estimate"
     assert all((t.peak_memory_bytes or 0) <= limit for t in result.trials if t.feasible)
+
+
+def test_the_compiler_levers_are_searched_where_compile_is() -> None:
+    space = default_space(8, "cpu", cpu_cores=2)
+    assert space.values["activation_memory_budget"] == (1.0, 0.5)  # off first: the baseline's value
+    assert space.values["compiled_autograd"] == (False, True)
+    assert space.values["float8"] == ("off",) and space.values["activation_offload"] == ("off",)  # CPU: why in caps
+    no_compile = default_space(8, "cpu", cpu_cores=2).narrowed({"compile": ["off"]}, device="cpu")
+    widened = user_space({"activation_memory_budget": [1.0, 0.25]}, "cpu")
+    assert widened.values["activation_memory_budget"] == (1.0, 0.25)
+    with pytest.raises(ConfigError, match="from 0 to 1"):
+        user_space({"activation_memory_budget": [1.0, 2]}, "cpu")
+    # A budget without compile is refused by validation, so never run: only compiled points count.
+    budget_without_compile = {**{n: v[0] for n, v in no_compile.values.items()}, "activation_memory_budget": 0.5}
+    with pytest.raises(ConfigError, match="compile=off"):
+        no_compile.config(TrainConfig(), budget_without_compile)

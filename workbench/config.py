@@ -27,10 +27,11 @@ CheckpointPolicy = Literal["off", "full", "selective"]
 MatmulPrecision = Literal["highest", "high", "medium"]
 OptimizerName = Literal["adamw", "sgd"]
 OptimizerImpl = Literal["default", "for-loop", "foreach", "fused"]
-AttentionBackend = Literal["auto", "math", "efficient", "flash", "cudnn"]
+AttentionBackend = Literal["auto", "math", "efficient", "flash", "cudnn", "flex"]
 Strategy = Literal["none", "ddp", "fsdp2"]
 CommHook = Literal["none", "fp16", "bf16"]
 FsdpParamDtype = Literal["fp32", "bf16"]
+Float8Recipe = Literal["off", "tensorwise", "rowwise"]
 
 #: compile modes that capture CUDA graphs themselves (cudagraph trees).
 COMPILE_MODES_WITH_CUDA_GRAPHS = ("reduce-overhead", "max-autotune")
@@ -90,7 +91,9 @@ class TrainConfig:
     """Learning rate of the optimizer (the same for every candidate keeps losses comparable)."""
 
     attention_backend: AttentionBackend = "auto"
-    """Backend for `F.scaled_dot_product_attention`; 'auto' lets PyTorch choose."""
+    """Backend for `F.scaled_dot_product_attention`; 'auto' lets PyTorch choose. 'flex' routes the
+    model's SDPA-path attention (modules with an `attention_fn`, as the built-in workloads have)
+    through FlexAttention, which needs compile: its fused kernel exists only under torch.compile."""
 
     batch_size: int | None = None
     """Samples per micro-batch; None takes the workload preset's default."""
@@ -156,6 +159,28 @@ class TrainConfig:
     fsdp_param_dtype: FsdpParamDtype = "fp32"
     """FSDP2 mixed-precision policy: dtype parameters are gathered and computed in (gradients are
     reduced in fp32). bf16 halves all-gather bytes; BatchNorm layers stay fp32 and need amp=bf16."""
+
+    activation_memory_budget: float = 1.0
+    """Compile only: the share (0-1) of the default compiled graph's saved activations to keep; the
+    compiler's partitioner recomputes the cheapest rest in backward. 1.0 is off (PyTorch's default,
+    fastest), 0.0 keeps what full checkpointing of each compiled graph would. A continuous
+    alternative to full/selective checkpointing (`torch._functorch.config.activation_memory_budget`)."""
+
+    compiled_autograd: bool = False
+    """Compile only: capture each step's whole backward at `.backward()` and compile it too (compiled
+    autograd, `torch._dynamo.compiled_autograd`), beyond the backward AOTAutograd derives per
+    forward graph. May fuse more, or only add compile time and recompiles: measure it."""
+
+    float8: Float8Recipe = "off"
+    """float8 training of the `nn.Linear` layers worth it (torchao): 'tensorwise' (one scale per
+    tensor, fastest) or 'rowwise' (a scale per row, more accurate). Needs compile (fuses the casts),
+    an NVIDIA GPU of compute capability 8.9+ and torchao (`pip install 'training-workbench[float8]'`)."""
+
+    activation_offload: str = "off"
+    """Keep the activations saved inside these modules in pinned host memory until backward
+    (`torch.autograd.graph.save_on_cpu`): less GPU memory for PCIe copy time. 'off', 'auto' (the
+    workload's repeated block) or, as checkpoint_target, a class name or name glob. CUDA only; under
+    compile each offloaded module is a graph break."""
 
     extra: dict[str, Any] = field(default_factory=dict, compare=True, hash=False)
     """Workload options passed to the workload factory (e.g. {'sample_cost_ms': 5})."""
@@ -380,6 +405,11 @@ def _check_choices(cfg: TrainConfig) -> None:
         raise ConfigError(
             "checkpoint_target must be a module class name, a name pattern such as 'encoder.*', or 'auto'"
         )
+    _check_budget_value(cfg.activation_memory_budget)
+    if not isinstance(cfg.activation_offload, str) or not cfg.activation_offload.strip():
+        raise ConfigError(
+            "activation_offload must be 'off', 'auto', a module class name or a name pattern such as 'encoder.*'"
+        )
     if not isinstance(cfg.extra, dict):
         raise ConfigError(f"extra must be a dict of workload options, got {type(cfg.extra).__name__}")
 
@@ -438,6 +468,7 @@ def _check_combinations(cfg: TrainConfig) -> None:
     if cfg.num_workers == 0 and cfg.persistent_workers:
         raise ConfigError("persistent_workers needs num_workers > 0; set num_workers=2 (or more)")
     _check_distributed(cfg)
+    _check_levers(cfg)
 
 
 #: Fields that only mean something under one strategy, with their defaults.
@@ -494,6 +525,61 @@ def _check_distributed(cfg: TrainConfig) -> None:
     if cfg.fsdp_param_dtype == "bf16" and cfg.amp == "fp16":
         raise ConfigError(
             "fsdp_param_dtype=bf16 with amp=fp16 computes in two half dtypes at once; use amp=bf16 (or fp32)"
+        )
+
+
+# --- the compiler-level levers (memory budget, ...) ---------------------------------------
+
+#: Compile backends that never consult the activation memory budget: 'eager' runs no AOTAutograd,
+#: 'aot_eager_default_partitioner' partitions with the default (save-everything) partitioner, not the
+#: min-cut one that inductor and aot_eager use (torch 2.13's torch/_dynamo/backends/debugging.py).
+BACKENDS_WITHOUT_MEMORY_BUDGET = ("eager", "aot_eager_default_partitioner")
+
+
+def _check_budget_value(budget: Any) -> None:
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0.0 <= budget <= 1.0:
+        raise ConfigError(
+            f"activation_memory_budget must be a number from 0 to 1 (1.0 = off), got {budget!r}; "
+            "e.g. activation_memory_budget=0.5 keeps half of the compiled graph's saved activations"
+        )
+
+
+def _check_levers(cfg: TrainConfig) -> None:
+    """Levers that act through the compiler need it on, with a backend that honours them."""
+    if cfg.activation_memory_budget < 1.0:
+        if cfg.compile == "off":
+            raise ConfigError(
+                f"activation_memory_budget={cfg.activation_memory_budget} acts through torch.compile's partitioner, "
+                "but compile=off; set compile=default, or activation_checkpointing=full/selective for eager"
+            )
+        if cfg.compile_backend in BACKENDS_WITHOUT_MEMORY_BUDGET:
+            raise ConfigError(
+                f"compile_backend={cfg.compile_backend} ignores activation_memory_budget (no min-cut partitioner); "
+                "use compile_backend=inductor (or aot_eager to check plumbing cheaply)"
+            )
+    if cfg.activation_offload != "off" and cfg.cuda_graphs:
+        raise ConfigError(
+            "activation_offload copies saved activations into host memory allocated each step, which a CUDA "
+            "graph cannot capture; turn one of them off"
+        )
+    if cfg.float8 != "off" and cfg.compile == "off":
+        raise ConfigError(
+            f"float8={cfg.float8} needs compile on: torch.compile fuses float8's scaling and casting kernels, "
+            "without it they cost more than the float8 GEMMs save; set compile=default"
+        )
+    if cfg.attention_backend == "flex" and cfg.compile == "off":
+        raise ConfigError(
+            "attention_backend=flex needs compile on: without torch.compile FlexAttention runs an unfused "
+            "reference that materializes the whole score matrix; set compile=default"
+        )
+    if cfg.compiled_autograd and cfg.compile == "off":
+        raise ConfigError(
+            "compiled_autograd compiles the backward of a compiled step, but compile=off; set compile=default"
+        )
+    if cfg.compiled_autograd and cfg.strategy == "ddp":
+        raise ConfigError(
+            "compiled_autograd with strategy=ddp needs DDP's Python reducer (torch._dynamo.config.optimize_ddp="
+            "'python_reducer'), which the workbench does not set up; use strategy=fsdp2 or compiled_autograd=false"
         )
 
 

@@ -146,7 +146,87 @@ def _capabilities_cached(device_str: str) -> dict[str, dict[Any, Availability]]:
     # World sizes are integers, not choices: list the usual ones for a control to offer.
     caps["nproc_per_node"] = {n: world_size_availability(n, dev) for n in WORLD_SIZES_SHOWN}
     caps["intra_op_threads"] = _thread_counts(device_info("cpu").cpu_cores)
+    caps.update(_lever_capabilities(dev))
     return caps
+
+
+MEMORY_BUDGETS_SHOWN = (1.0, 0.75, 0.5, 0.25, 0.0)
+"""activation_memory_budget values `capabilities()` lists (any value from 0 to 1 is valid)."""
+
+
+def _lever_capabilities(dev: torch.device) -> dict[str, dict[Any, Availability]]:
+    """The compiler- and hardware-level levers (memory budget, ...), each value with its reason."""
+    return {
+        "activation_memory_budget": {b: _memory_budget(b, dev) for b in MEMORY_BUDGETS_SHOWN},
+        "compiled_autograd": {False: ALWAYS, True: _compiled_autograd(dev)},
+        "float8": {r: _float8(r, dev) for r in field_choices("float8") or ()},
+        # Any module pattern is valid; 'auto' stands for them all (check_config judges any value).
+        "activation_offload": {"off": ALWAYS, "auto": _activation_offload(dev)},
+    }
+
+
+def _activation_offload(dev: torch.device) -> Availability:
+    if dev.type != "cuda":
+        return Availability(
+            False,
+            f"offload moves saved activations from GPU memory to host memory; on a {dev.type} device they "
+            "already live in host memory, so there is nothing to gain",
+        )
+    return Availability(True, "trades PCIe copy time for GPU memory; under compile a graph break per module")
+
+
+def _float8(recipe: str, dev: torch.device) -> Availability:
+    if recipe == "off":
+        return ALWAYS
+    from workbench.optimizations.float8 import FLOAT8_CAPABILITY, INSTALL_HINT
+
+    need = ".".join(map(str, FLOAT8_CAPABILITY))
+    if dev.type != "cuda":
+        return Availability(
+            False,
+            f"float8 training needs float8 tensor cores: an NVIDIA GPU of compute capability {need}+ "
+            f"(Ada, Hopper or newer); this trial runs on {dev.type}",
+        )
+    capability = _cuda_capability(dev)
+    if capability < FLOAT8_CAPABILITY:
+        return Availability(
+            False, f"this GPU is compute capability {capability[0]}.{capability[1]}: float8 GEMMs need {need}+"
+        )
+    if importlib.util.find_spec("torchao") is None:
+        return Availability(False, f"float8 training needs torchao, which is not installed: {INSTALL_HINT}")
+    return Availability(True, "needs compile on; converts only the nn.Linear layers large enough to gain")
+
+
+def _compiled_autograd(dev: torch.device) -> Availability:
+    compiled = _compile("default", dev)
+    if not compiled.available:
+        return Availability(
+            False, f"compiles the backward with torch.compile, which cannot run here: {compiled.reason}"
+        )
+    from workbench.optimizations.compiled_autograd import CompiledAutogradUnavailable, compiled_autograd_api
+
+    try:
+        compiled_autograd_api()
+    except CompiledAutogradUnavailable as exc:
+        return Availability(False, str(exc))
+    return Availability(True, "needs compile on; adds a backward compile (and recompiles when the graph changes)")
+
+
+def _memory_budget(budget: float, dev: torch.device) -> Availability:
+    if budget >= 1.0:
+        return Availability(True, "off: the compiler saves what is fastest to keep (PyTorch's default)")
+    compiled = _compile("default", dev)
+    if not compiled.available:
+        return Availability(False, f"acts through torch.compile, which cannot run here: {compiled.reason}")
+    from workbench.optimizations.memory_budget import MemoryBudgetUnavailable, functorch_config
+
+    try:
+        functorch_config()
+    except MemoryBudgetUnavailable as exc:
+        return Availability(False, str(exc))
+    return Availability(
+        True, f"needs compile on: keeps {budget:.0%} of the compiled graph's saved activations, recomputes the rest"
+    )
 
 
 def _thread_counts(cores: int) -> dict[int | None, Availability]:
@@ -167,6 +247,12 @@ def check_config(config: TrainConfig, device: str | torch.device | None = None) 
         availability = table.get(value)
         if availability is not None and not availability.available:
             raise ConfigError(f"{name}={value} is not available on {dev}: {availability.reason}")
+    if config.activation_offload != "off":
+        offload = caps["activation_offload"]["auto"]  # the same for every module pattern
+        if not offload.available:
+            raise ConfigError(
+                f"activation_offload={config.activation_offload} is not available on {dev}: {offload.reason}"
+            )
     if config.strategy != "none":
         world = world_size_availability(config.nproc_per_node, dev)
         if not world.available:
@@ -321,6 +407,8 @@ def _optimizer_impl(value: str, dev: torch.device) -> Availability:
 def _attention_backend(value: str, dev: torch.device) -> Availability:
     if value == "auto":
         return ALWAYS
+    if value == "flex":
+        return _flex_attention(dev)
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -345,6 +433,27 @@ def _attention_backend(value: str, dev: torch.device) -> Availability:
             dtype_name = str(dtype).removeprefix("torch.")
             return Availability(False, f"the {value} SDPA kernel cannot run on {dev.type} in {dtype_name}: {why}")
     return ALWAYS
+
+
+def _flex_attention(dev: torch.device) -> Availability:
+    """FlexAttention must run forward *and* backward here: training needs both (torch 2.13 has no
+    CPU backward, eager or compiled)."""
+    import torch
+
+    try:
+        from torch.nn.attention.flex_attention import flex_attention
+    except ImportError:
+        return Availability(False, f"torch {torch.__version__} has no torch.nn.attention.flex_attention (2.5+)")
+    q = torch.randn(1, 1, 16, 16, device=dev, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the probe runs eagerly on purpose; PyTorch warns about that
+        try:
+            flex_attention(q, q, q).sum().backward()
+        except (NotImplementedError, RuntimeError) as exc:
+            return Availability(
+                False, f"FlexAttention cannot train on {dev.type} in torch {torch.__version__}: {_first_line(exc)}"
+            )
+    return Availability(True, "needs compile on: FlexAttention's fused kernel exists only under torch.compile")
 
 
 def _pin_memory(value: bool, dev: torch.device) -> Availability:

@@ -183,6 +183,13 @@ def to_snippet(config: TrainConfig, *, device: str = "cuda") -> str:
             "# Modules to checkpoint: a class name, or an fnmatch glob over qualified names.",
             f"CHECKPOINT_TARGET = {_q(config.checkpoint_target)}",
         ]
+    if config.activation_offload != "off":
+        target = config.activation_offload
+        note = "  # the workbench's 'auto': its workload's block; name yours" if target == "auto" else ""
+        snippet.constants += [
+            "# Modules whose saved activations wait in host memory: a class name or fnmatch glob.",
+            f"OFFLOAD_TARGET = {_q('MyBlock' if target == 'auto' else target)}{note}",
+        ]
     snippet.imports.add("from typing import Any")
     snippet.constants += [
         "",
@@ -202,7 +209,13 @@ def to_snippet(config: TrainConfig, *, device: str = "cuda") -> str:
     snippet.functions += _BATCH_HELPERS
     if config.channels_last:
         snippet.functions.append(_IMAGES_CHANNELS_LAST)
-    if config.attention_backend != "auto":
+    if config.float8 != "off":
+        _add_float8(snippet, config.float8)
+    if config.activation_offload != "off":
+        _add_offload(snippet)
+    if config.attention_backend == "flex":
+        _add_flex_attention(snippet)
+    elif config.attention_backend != "auto":
         snippet.imports.add("from torch.nn.attention import SDPBackend, sdpa_kernel")
     snippet.functions.append(_train_step(config, device))
     if config.cuda_graphs:
@@ -285,7 +298,9 @@ def _what(name: str, value: Any, config: TrainConfig) -> str:
             "fused": "fused optimizer kernel",
         },
         "lr": "learning rate",
-        "attention_backend": f"scaled_dot_product_attention forced to the {value} kernel",
+        "attention_backend": "attention through FlexAttention (fused under torch.compile)"
+        if value == "flex"
+        else f"scaled_dot_product_attention forced to the {value} kernel",
         "batch_size": "samples per micro-batch",
         "grad_accumulation": "micro-batches per optimizer step",
         "num_workers": "DataLoader worker processes",
@@ -294,6 +309,10 @@ def _what(name: str, value: Any, config: TrainConfig) -> str:
         "persistent_workers": "loader workers stay alive between epochs",
         "seed": "seed of the initial weights and the data order",
         "intra_op_threads": f"{value} CPU thread(s) per operator (torch.set_num_threads)",
+        "activation_offload": "saved activations of these modules wait in pinned host memory",
+        "float8": f"float8 GEMMs ({value} scales) for the nn.Linear layers large enough to gain",
+        "compiled_autograd": "each backward's whole autograd graph captured and compiled too",
+        "activation_memory_budget": "share of the compiled graph's saved activations kept; the rest recomputed",
         "extra": "options of the workbench's workload; not part of the training step",
     }
     what = described.get(name)
@@ -340,12 +359,39 @@ def _add_statements(snippet: _Snippet, config: TrainConfig, device: str) -> None
         )
         code = f"torch.set_num_threads({config.intra_op_threads})"
         snippet.statements.append("\n".join([*_comment(why, indent="# "), code]))
+    _add_lever_statements(snippet, config)
     if config.amp == "fp16":
         snippet.statements.append(
             "# fp16 gradients underflow: GradScaler scales the loss up before backward, unscales\n"
             "# the gradients before the step and skips steps whose gradients overflowed.\n"
             "scaler = torch.amp.GradScaler(DEVICE.type)"
         )
+
+
+def _add_lever_statements(snippet: _Snippet, config: TrainConfig) -> None:
+    """Compiler settings that must hold before the first compiled call (the memory budget, ...)."""
+    if config.activation_memory_budget < 1.0:
+        snippet.imports.add("import torch._functorch.config")
+        why = (
+            f"Activation memory budget: torch.compile's partitioner keeps {config.activation_memory_budget:.0%} "
+            "of the activations its fastest plan would save and recomputes the cheapest rest in backward. "
+            "A private PyTorch setting: it is read when the first call compiles."
+        )
+        code = f"torch._functorch.config.activation_memory_budget = {config.activation_memory_budget!r}"
+        snippet.statements.append("\n".join([*_comment(why, indent="# "), code]))
+    if config.compiled_autograd:
+        snippet.imports.add("from torch._dynamo import compiled_autograd")
+        why = (
+            "Compiled autograd: train_step captures each backward's whole autograd graph and compiles it "
+            "with this compiler (the forward's backend). A private PyTorch API."
+        )
+        args = [f"backend={_q(config.compile_backend)}"]
+        if config.compile_backend == "inductor" and config.compile != "default":
+            args.append(f"mode={_q(config.compile)}")
+        if config.compile_fullgraph:
+            args.append("fullgraph=True")
+        code = "\n".join(_call("BACKWARD_COMPILER = torch.compile", args, indent=0))
+        snippet.statements.append("\n".join([*_comment(why, indent="# "), code]))
 
 
 def _add_checkpointing(snippet: _Snippet, policy: str) -> None:
@@ -412,6 +458,106 @@ def _add_checkpointing(snippet: _Snippet, policy: str) -> None:
     ]
 
 
+def _add_offload(snippet: _Snippet) -> None:
+    """`offload_modules`; mirrors `optimizations.offload`."""
+    snippet.imports |= {"import fnmatch", "import functools"}
+    snippet.functions += [
+        "def _offloaded(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:\n"
+        "    # What autograd saves in here is copied to pinned host memory and back for backward.\n"
+        "    with torch.autograd.graph.save_on_cpu(pin_memory=True):\n"
+        "        return forward(*args, **kwargs)",
+        "def offload_modules(model: nn.Module, target: str) -> list[str]:\n"
+        '    """Keep the activations saved inside every module matching `target` (a class\n'
+        "    name or an fnmatch glob over qualified names) in host memory until backward.\n"
+        '    """\n'
+        "    wrapped: list[str] = []\n"
+        "    for name, module in model.named_modules():\n"
+        '        if any(w == "" or name == w or name.startswith(w + ".") for w in wrapped):\n'
+        "            continue\n"
+        "        by_class = type(module).__name__ == target\n"
+        '        if by_class or (name != "" and fnmatch.fnmatchcase(name, target)):\n'
+        "            module.forward = functools.partial(_offloaded, module.forward)\n"
+        "            wrapped.append(name)\n"
+        "    if not wrapped:\n"
+        '        raise ValueError(f"offload target {target!r} matches no module of the model")\n'
+        "    return wrapped",
+    ]
+
+
+def _add_float8(snippet: _Snippet, recipe: str) -> None:
+    """The per-Linear filter torchao calls; mirrors `optimizations.float8.float8_worth_converting`."""
+    snippet.imports.add("from torchao.float8 import Float8LinearConfig, convert_to_float8_training")
+    if recipe == "tensorwise":
+        rule = [
+            "    # Smaller GEMMs lose: the casts cost more than the float8 GEMM saves (torchao's",
+            "    # thresholds for tensorwise scales, measured on H100).",
+            "    return out_features > 4096 or in_features > 1024",
+        ]
+    else:
+        rule = [
+            "    # Smaller GEMMs lose: the casts cost more than the float8 GEMM saves (torchao's",
+            "    # thresholds for rowwise scales, measured on H100).",
+            "    if in_features <= 2048 or out_features <= 1024:",
+            "        return False",
+            "    return in_features > 4096 or out_features > 2048",
+        ]
+    snippet.functions.append(
+        "\n".join(
+            [
+                "def float8_worth_converting(module: nn.Module, fqn: str) -> bool:",
+                '    """Convert an nn.Linear to float8 only where its GEMMs are large enough to gain."""',
+                "    if not isinstance(module, nn.Linear):",
+                "        return False",
+                "    in_features, out_features = module.in_features, module.out_features",
+                "    if in_features % 16 or out_features % 16:  # float8 GEMMs need multiples of 16",
+                "        return False",
+                *rule,
+            ]
+        )
+    )
+
+
+def _add_flex_attention(snippet: _Snippet) -> None:
+    """`flex_sdpa` and `use_flex_attention`; mirrors `optimizations.flex_attention`."""
+    snippet.imports.add("from torch.nn.attention.flex_attention import create_block_mask, flex_attention")
+    snippet.functions += [
+        "def _causal(\n"
+        "    batch: Any, head: Any, q_index: torch.Tensor, kv_index: torch.Tensor\n"
+        ") -> torch.Tensor:\n"
+        "    return q_index >= kv_index",
+        "def flex_sdpa(\n"
+        "    query: torch.Tensor,\n"
+        "    key: torch.Tensor,\n"
+        "    value: torch.Tensor,\n"
+        "    *,\n"
+        "    is_causal: bool = False,\n"
+        ") -> torch.Tensor:\n"
+        '    """F.scaled_dot_product_attention(q, k, v, is_causal=...) by FlexAttention.\n'
+        "\n"
+        "    Causal attention is a block mask: the kernel skips the blocks above the diagonal.\n"
+        "    Fast only under torch.compile (eagerly it materializes the whole score matrix).\n"
+        '    """\n'
+        "    block_mask = None\n"
+        "    if is_causal:\n"
+        "        q_len, kv_len = query.shape[-2], key.shape[-2]\n"
+        "        block_mask = create_block_mask(\n"
+        "            _causal, None, None, q_len, kv_len, device=query.device\n"
+        "        )\n"
+        "    return flex_attention(query, key, value, block_mask=block_mask)",
+        "def use_flex_attention(model: nn.Module) -> int:\n"
+        '    """Give every module that calls attention through an `attention_fn` attribute\n'
+        "    (SDPA's signature) flex_sdpa instead. Where your model calls\n"
+        "    F.scaled_dot_product_attention directly, call flex_sdpa there instead.\n"
+        '    """\n'
+        '    modules = [m for m in model.modules() if callable(getattr(m, "attention_fn", None))]\n'
+        "    for module in modules:\n"
+        "        module.attention_fn = flex_sdpa\n"
+        "    if not modules:\n"
+        '        raise ValueError("no module of the model has an attention_fn to replace")\n'
+        "    return len(modules)",
+    ]
+
+
 def _optimize_model(config: TrainConfig) -> str:
     """`optimize_model`: memory format, then checkpointing, then compile (build()'s order)."""
     auto_target = config.activation_checkpointing != "off" and config.checkpoint_target == "auto"
@@ -435,15 +581,40 @@ def _optimize_model(config: TrainConfig) -> str:
         ]
     else:
         body.append("    model = model.to(DEVICE)")
+    if config.float8 != "off":
+        body += [
+            "    # float8 GEMMs for the Linears large enough to gain (float8_worth_converting).",
+            "    # Before checkpointing and compile: they must see the converted modules.",
+            *_call(
+                "convert_to_float8_training",
+                [
+                    "model",
+                    f"config=Float8LinearConfig.from_recipe_name({_q(config.float8)})",
+                    "module_filter_fn=float8_worth_converting",
+                ],
+                indent=4,
+            ),
+        ]
     if config.activation_checkpointing != "off":
         target = "checkpoint_target" if auto_target else "CHECKPOINT_TARGET"
         body += [
             "    # Before compile, so torch.compile traces the checkpointed regions.",
             f"    checkpoint_modules(model, {target})",
         ]
+    if config.activation_offload != "off":
+        body += [
+            "    # After checkpointing (on a checkpointed block only its inputs are saved, so only",
+            "    # those move), before compile, which breaks the graph at each offloaded module.",
+            "    offload_modules(model, OFFLOAD_TARGET)",
+        ]
+    if config.attention_backend == "flex":
+        body += [
+            "    # Before compile, so torch.compile traces flex_attention and fuses it.",
+            "    use_flex_attention(model)",
+        ]
     if config.compile != "off":
         body += _compile_lines(config)
-    elif config.activation_checkpointing != "off":
+    elif config.activation_checkpointing != "off" or config.activation_offload != "off":
         body.append("    return model")
     else:  # nothing after the move: return it directly
         body[-1] = body[-1].replace("model = ", "return ", 1)
@@ -565,7 +736,7 @@ def _train_step(config: TrainConfig, device: str) -> str:
     if config.channels_last:
         lines.append("        batch = map_tensors(batch, images_channels_last)")
     indent = "        "
-    if config.attention_backend != "auto":
+    if config.attention_backend not in ("auto", "flex"):
         lines += [
             "        # The SDPA backend holds for backward too: its backward kernel must match.",
             f"        with sdpa_kernel(SDPBackend.{_SDPA_BACKENDS[config.attention_backend]}):",
@@ -586,9 +757,12 @@ def _train_step(config: TrainConfig, device: str) -> str:
     lines += [
         f"{indent}# Dividing by the micro-batch count makes the accumulated gradient the mean",
         f"{indent}# over all micro-batches, as one big batch would give.",
-        f"{indent}{backward}",
-        "        losses.append(loss.detach())",
     ]
+    if config.compiled_autograd:
+        lines += [f"{indent}with compiled_autograd._enable(BACKWARD_COMPILER):", f"{indent}    {backward}"]
+    else:
+        lines.append(f"{indent}{backward}")
+    lines.append("        losses.append(loss.detach())")
     if config.amp == "fp16":
         lines += ["    scaler.step(optimizer)  # skipped if the gradients overflowed", "    scaler.update()"]
     else:
@@ -754,5 +928,5 @@ def _import_block(imports: set[str]) -> str:
 
 
 def _is_torch(line: str) -> bool:
-    module = line.split()[1]
-    return module == "torch" or module.startswith("torch.")
+    """torch and torchao: the snippet's third-party imports (isort's second group)."""
+    return line.split()[1].split(".")[0] in ("torch", "torchao")

@@ -188,3 +188,45 @@ def _reading_from_snapshot(snapshot: dict[Any, dict[Any, int]]) -> MemoryReading
         method="tensor tracker (PyTorch MemTracker) on one extra step after the timed window",
         breakdown=breakdown,
     )
+
+
+# --- tensors held for backward --------------------------------------------------------------
+
+
+def saved_for_backward_bytes(output: Any, exclude: Any = ()) -> int:
+    """Bytes of the distinct storages the autograd graph behind `output` holds for backward.
+
+    The activation memory a step keeps between its forward and its backward, read off the graph
+    itself (built-in nodes' `_saved_*` tensors and custom/compiled functions' `saved_tensors`), so
+    it also sees inside a compiled region, where MemTracker's dispatch-level view cannot.
+    `exclude` (e.g. the model's parameters) are left out: saved, but not activations.
+    """
+    import torch
+
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    storages: dict[int, int] = {}
+    seen: set[Any] = set()
+    stack = [getattr(output, "grad_fn", None)]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for tensor in _saved_tensors(node):
+            if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().data_ptr() not in skip:
+                storage = tensor.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return sum(storages.values())
+
+
+def _saved_tensors(node: Any) -> list[Any]:
+    found: list[Any] = []
+    try:  # custom autograd.Function nodes, AOTAutograd's compiled function among them
+        found.extend(node.saved_tensors)
+    except (AttributeError, RuntimeError):
+        pass
+    for name in dir(node):
+        if name.startswith("_saved_"):
+            found.append(getattr(node, name, None))
+    return found

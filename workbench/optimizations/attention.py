@@ -24,8 +24,9 @@ BACKENDS = {
 
 
 def apply_attention_backend(backend: str) -> tuple[ContextFactory | None, Applied | None]:
-    """A `sdpa_kernel` context factory, or (None, None) for 'auto'."""
-    if backend == "auto":
+    """A `sdpa_kernel` context factory, or (None, None) for 'auto' and for 'flex' (which replaces
+    the attention call in the model itself: `optimizations.flex_attention`)."""
+    if backend in ("auto", "flex"):
         return None, None
     if backend not in BACKENDS:
         raise ConfigError(f"attention_backend={backend!r} is not valid; choose one of: auto, {', '.join(BACKENDS)}")

@@ -9,7 +9,7 @@ own `.item()` calls still do; the sync scan names them) and CUDA events can time
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 
 import torch
 from torch import nn
@@ -19,9 +19,14 @@ from workbench.optimizations.amp import ContextFactory, apply_amp
 from workbench.optimizations.attention import apply_attention_backend
 from workbench.optimizations.checkpointing import apply_activation_checkpointing
 from workbench.optimizations.compile import apply_compile
+from workbench.optimizations.compiled_autograd import apply_compiled_autograd
 from workbench.optimizations.cuda_graphs import CudaGraphStep, apply_cuda_graphs
 from workbench.optimizations.distributed import apply_data_parallel, grads_stay_bucket_views
+from workbench.optimizations.flex_attention import apply_flex_attention
+from workbench.optimizations.float8 import apply_float8
+from workbench.optimizations.memory_budget import apply_activation_memory_budget
 from workbench.optimizations.memory_format import apply_channels_last, to_channels_last
+from workbench.optimizations.offload import apply_activation_offload
 from workbench.optimizations.optimizer import apply_optimizer
 from workbench.optimizations.precision import apply_fp32_precision
 from workbench.optimizations.record import Applied
@@ -46,6 +51,11 @@ def build(workload: Workload, config: TrainConfig, device: str | torch.device | 
     #    the parameters) and compiled kernels must see the final layout.
     if config.channels_last:
         applied.append(apply_channels_last(model))
+    # 1b. float8 swaps nn.Linear for torchao's Float8Linear: a module change all later steps must
+    #     see (checkpointing patches the final modules, the optimizer holds the final parameters,
+    #     compile traces the float8 casts to fuse them); torchtitan converts before parallelizing.
+    if config.float8 != "off":
+        applied.append(apply_float8(model, config.float8))
     # 2. activation checkpointing: patches module forwards. Before compile, so dynamo traces the
     #    checkpointed regions (torchtitan: "turn on per-block compile after AC wrapping").
     if config.activation_checkpointing != "off":
@@ -58,6 +68,18 @@ def build(workload: Workload, config: TrainConfig, device: str | torch.device | 
                 workload.name,
             )
         )
+    # 2a. activation offload patches module forwards as checkpointing does, after it: on a module
+    #     both target, offload wraps the checkpointed forward and moves only what checkpointing
+    #     saves (the block's inputs). Before compile and the data-parallel wrappers, like 2.
+    if config.activation_offload != "off":
+        applied.append(
+            apply_activation_offload(model, config.activation_offload, workload.checkpoint_target, workload.name)
+        )
+    # 2a'. FlexAttention swaps the attention call inside the model's attention modules: a module
+    #     change, so before compile (dynamo must trace flex_attention to fuse it) and before the
+    #     data-parallel wrappers, which hold the modules as they are.
+    if config.attention_backend == "flex":
+        applied.append(apply_flex_attention(model))
     # 2b. data parallelism (strategy=ddp/fsdp2): after checkpointing, whose wrapped forwards the
     #     shards must contain; before the optimizer, because FSDP2 swaps the parameters for sharded
     #     DTensors; before compile, so dynamo traces the wrapped forward (DDP: wrap, then compile).
@@ -93,6 +115,12 @@ def build(workload: Workload, config: TrainConfig, device: str | torch.device | 
     applied.append(threads_record)
     if attention_record is not None:
         applied.append(attention_record)
+    # 5c. activation memory budget: a compiler setting read when the first forward call compiles
+    #     forward and backward together, so it is a context around forward like 4-5 (compiled in),
+    #     and scoped to the step so nothing leaks into the next trial of an inline run.
+    budget, budget_record = apply_activation_memory_budget(config.activation_memory_budget)
+    if budget_record is not None:
+        applied.append(budget_record)
     # 6. compile last among module changes: it traces the final forward, and the contexts of
     #    steps 4-5 are active at trace time, so they are compiled in.
     if config.compile != "off":
@@ -101,6 +129,13 @@ def build(workload: Workload, config: TrainConfig, device: str | torch.device | 
     step = TrainStep(
         workload, config, dev, runnable, model, optimizer, scaler, applied, autocast, precision, attention, threads
     )
+    step.compile_contexts = [budget] if budget is not None else []
+    # 6b. compiled autograd: a context around each backward, compiling the whole autograd graph
+    #     with the forward's backend. After compile, whose compiled forward produces that graph.
+    backward_compile, autograd_record = apply_compiled_autograd(config)
+    if backward_compile is not None and autograd_record is not None:
+        step.backward_contexts.append(backward_compile)
+        applied.append(autograd_record)
     # 7. CUDA graphs capture the step exactly as it finally runs (compiled, checkpointed, AMP).
     if config.cuda_graphs:
         step.graphed, record = apply_cuda_graphs(step.eager_step, model, optimizer, dev)
@@ -138,6 +173,10 @@ class TrainStep:
         self._autocast, self._precision, self._attention = autocast, precision, attention
         self._threads = threads
         self.graphed: CudaGraphStep | None = None
+        self.compile_contexts: list[ContextFactory] = []
+        """Compiler settings entered around forward (read when the forward compiles)."""
+        self.backward_contexts: list[ContextFactory] = []
+        """Entered around each `.backward()` (compiled autograd)."""
         # Gradients are dropped each step (backward allocates them only as needed), except where
         # they are DDP bucket views, which must survive to save the copy.
         self.grads_to_none = not grads_stay_bucket_views(config)
@@ -179,13 +218,14 @@ class TrainStep:
             for batch in micro_batches:
                 # The SDPA backend must hold for backward too: its backward kernel matches its forward.
                 with _entered(self._attention):
-                    with _entered(self._autocast):
-                        output = self.workload.forward_fn(self.model, batch)
-                        loss = scalar_loss(self.workload.loss_fn(output, batch), self.workload.name)
+                    loss = self.forward_loss(batch)
                     if mark is not None:
                         mark("forward")
                     scaled = loss / count  # mean over micro-batches = gradient of the whole batch
-                    (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+                    with ExitStack() as stack:
+                        for factory in self.backward_contexts:
+                            stack.enter_context(factory())
+                        (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
                 if mark is not None:
                     mark("backward")
                 detached = loss.detach().float()
@@ -199,6 +239,16 @@ class TrainStep:
                 mark("optimizer")
         assert total is not None
         return total / count
+
+    def forward_loss(self, batch: Batch) -> torch.Tensor:
+        """Forward and loss of one prepared micro-batch under autocast and the compiler settings;
+        the loss keeps its autograd graph (what backward will need is saved on it)."""
+        with ExitStack() as stack:
+            for factory in self.compile_contexts:
+                stack.enter_context(factory())
+            with _entered(self._autocast):
+                output = self.workload.forward_fn(self.model, batch)
+                return scalar_loss(self.workload.loss_fn(output, batch), self.workload.name)
 
     def describe(self) -> str:
         """What was applied, one line per toggle."""

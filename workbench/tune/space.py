@@ -36,6 +36,10 @@ SEARCHABLE = (
     "persistent_workers",
     "batch_size",
     "grad_accumulation",
+    "activation_memory_budget",
+    "compiled_autograd",
+    "float8",
+    "activation_offload",
 )
 
 #: Why the other fields are kept at the baseline's values.
@@ -139,12 +143,30 @@ def default_space(
     values["channels_last"] = (False, True)
     values["compile"] = tuple(v for v in ("off", "default") if caps["compile"][v].available)
     values["activation_checkpointing"] = ("off", "full", "selective")
+    values["activation_offload"] = _offload_values(caps)
     values["num_workers"] = (0, *(n for n in (2, 4, 8) if n <= cores))
     sizes = sorted({max(1, workload_batch // 2), workload_batch, workload_batch * 2})
     if global_batch is not None:
         sizes = [s for s in _divisors(global_batch) if workload_batch // 4 <= s <= global_batch] or [global_batch]
     values["batch_size"] = tuple(sizes)
+    values.update(_lever_values(caps, values["compile"]))
     return SearchSpace(values, global_batch)
+
+
+def _lever_values(caps: Mapping[str, Mapping[Any, Any]], compile_modes: tuple[Any, ...]) -> dict[str, tuple[Any, ...]]:
+    """The compiler-level levers, where compile is searched: off (the first, the baseline's) and one
+    step each; their combinations with compile=off are refused by validation and never run."""
+    if compile_modes == ("off",):
+        return {}
+    budgets = tuple(b for b in (1.0, 0.5) if caps["activation_memory_budget"][b].available)
+    compiled_autograd = tuple(v for v in (False, True) if caps["compiled_autograd"][v].available)
+    float8 = tuple(v for v, a in caps["float8"].items() if a.available)
+    return {"activation_memory_budget": budgets, "compiled_autograd": compiled_autograd, "float8": float8}
+
+
+def _offload_values(caps: Mapping[str, Mapping[Any, Any]]) -> tuple[Any, ...]:
+    """Offload of the workload's block ('auto') where this device can offload at all."""
+    return tuple(v for v, a in caps["activation_offload"].items() if a.available)
 
 
 def user_space(
@@ -251,6 +273,10 @@ def _typed(name: str, value: Any) -> Any:
                 f"{name} values must be whole numbers >= {0 if name == 'num_workers' else 1}, got {value!r}"
             )
         return value
+    if name == "activation_memory_budget":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise ConfigError(f"activation_memory_budget values must be numbers from 0 to 1, got {value!r}")
+        return float(value)
     choices = field_choices(name)
     if choices is not None and value not in choices:
         raise ConfigError(f"{name}={value!r} is not valid; choose from: {', '.join(map(str, choices))}")

@@ -2,12 +2,16 @@
 
 Each repeated block is its own class so that activation checkpointing can target it by
 name (`checkpoint_target`). Attention goes through `F.scaled_dot_product_attention`, so
-the attention-backend toggle (flash / efficient / math) really changes the kernel. The
+the attention-backend toggle (flash / efficient / math) really changes the kernel; it is
+called through each SelfAttention's `attention_fn`, which attention_backend=flex swaps for
+FlexAttention. The
 forward paths avoid `.item()`, data-dependent branches and in-place ops on tensors
 autograd keeps, so every block compiles without graph breaks and checkpoints cleanly.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -70,7 +74,11 @@ class MLP(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention through SDPA; `causal` uses `is_causal=True` (flash-eligible, no mask tensor)."""
+    """Multi-head self-attention through SDPA; `causal` uses `is_causal=True` (flash-eligible, no mask tensor).
+
+    `attention_fn(q, k, v, is_causal=...)` is the kernel call: SDPA by default, replaceable per
+    instance by a function with SDPA's signature (attention_backend=flex does that).
+    """
 
     def __init__(self, dim: int, heads: int, causal: bool = False) -> None:
         super().__init__()
@@ -79,11 +87,12 @@ class SelfAttention(nn.Module):
         self.heads, self.causal = heads, causal
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
+        self.attention_fn: Callable[..., torch.Tensor] = F.scaled_dot_product_attention
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, tokens, dim = x.shape
         qkv = self.qkv(x).view(batch, tokens, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
-        out = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=self.causal)
+        out = self.attention_fn(qkv[0], qkv[1], qkv[2], is_causal=self.causal)
         return self.proj(out.transpose(1, 2).reshape(batch, tokens, dim))
 
 

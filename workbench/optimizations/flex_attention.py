@@ -1,0 +1,64 @@
+"""FlexAttention as the attention backend: the model's SDPA calls go through `flex_attention`.
+
+FlexAttention compiles the attention (and any score or mask modification) into one fused
+kernel, and skips fully masked blocks (half of a causal score matrix). It is fast only under
+torch.compile: eager runs an unfused reference that materializes the whole score matrix. It
+replaces the call where a model's attention goes through the workbench's SDPA path: every
+module with an `attention_fn` attribute (the built-in workloads' SelfAttention) gets
+`flex_sdpa`, a function with SDPA's signature.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.config import ConfigError
+from workbench.optimizations.record import Applied, name_list
+
+ATTRIBUTE = "attention_fn"
+"""The per-module attention call that `apply_flex_attention` replaces."""
+
+
+def _causal(batch: Any, head: Any, q_index: torch.Tensor, kv_index: torch.Tensor) -> torch.Tensor:
+    return q_index >= kv_index
+
+
+def flex_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, is_causal: bool = False) -> torch.Tensor:
+    """`F.scaled_dot_product_attention(q, k, v, is_causal=...)` computed by FlexAttention.
+
+    Causal attention is a block mask, so the kernel skips the blocks above the diagonal.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    block_mask = None
+    if is_causal:
+        q_len, kv_len = query.shape[-2], key.shape[-2]
+        block_mask = create_block_mask(_causal, None, None, q_len, kv_len, device=query.device)
+    out = flex_attention(query, key, value, block_mask=block_mask)
+    assert isinstance(out, torch.Tensor)  # no return_lse: one tensor
+    return out
+
+
+def attention_modules(model: nn.Module) -> list[str]:
+    """Qualified names of the modules whose attention goes through the SDPA path (`attention_fn`)."""
+    return [name for name, module in model.named_modules() if callable(getattr(module, ATTRIBUTE, None))]
+
+
+def apply_flex_attention(model: nn.Module) -> Applied:
+    """Route every SDPA-path attention module of `model` through FlexAttention."""
+    names = attention_modules(model)
+    if not names:
+        raise ConfigError(
+            f"attention_backend=flex: no module of {type(model).__name__} calls attention through the "
+            f"workbench's SDPA path (an `{ATTRIBUTE}` attribute, as workbench.workloads.layers.SelfAttention has); "
+            "give your attention module `self.attention_fn = F.scaled_dot_product_attention` and call it, "
+            "or choose another attention_backend"
+        )
+    modules = dict(model.named_modules())
+    for name in names:
+        setattr(modules[name], ATTRIBUTE, flex_sdpa)
+    detail = f"{len(names)} attention module(s) call flex_attention (causal as a block mask): {name_list(names)}"
+    return Applied("attention_backend", "flex", detail)

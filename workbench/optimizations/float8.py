@@ -1,0 +1,119 @@
+"""float8 training (torchao): `nn.Linear` GEMMs in float8, forward and backward, with dynamic scales.
+
+Pays where a Linear's GEMMs are large enough that float8 tensor cores save more than the
+scaling and casting kernels cost: torchao reports 0.80x per GEMM on small shapes and 1.39x on
+large ones, 1.25x end to end at 8B parameters (8 GPUs), 1.5x at 405B (512 GPUs). So the
+per-Linear check below decides, from shapes alone and before any trial, which layers to
+convert (its thresholds are torchao's own, measured on H100), and the converter skips the rest.
+torchao is an optional extra (`pip install 'training-workbench[float8]'`): only the conversion
+imports it; the check is pure Python.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from workbench.config import ConfigError
+from workbench.optimizations.record import Applied, name_list
+
+FLOAT8_CAPABILITY = (8, 9)
+"""Ada/Hopper: the first NVIDIA generations with float8 tensor cores (`torch._scaled_mm`)."""
+
+INSTALL_HINT = "pip install 'training-workbench[float8]' (or pip install torchao)"
+
+
+@dataclass(frozen=True)
+class LinearVerdict:
+    """One `nn.Linear`: its shape and whether converting it to float8 is predicted to pay."""
+
+    name: str
+    in_features: int
+    out_features: int
+    convert: bool
+    reason: str
+
+
+def float8_worth_converting(in_features: int, out_features: int, recipe: str) -> tuple[bool, str]:
+    """Whether a Linear of this shape gains from float8 under `recipe`, and why (pure: shapes only).
+
+    float8 GEMMs need every dimension divisible by 16. Below the size thresholds torchao measured
+    on H100 (its `_auto_filter_for_recipe`), the casts cost more than the faster GEMM saves.
+    """
+    shape = f"{in_features}->{out_features}"
+    if in_features % 16 or out_features % 16:
+        return False, f"{shape}: float8 GEMMs need both dimensions divisible by 16"
+    if recipe == "tensorwise":
+        if out_features <= 4096 and in_features <= 1024:
+            return False, f"{shape}: too small for tensorwise (gains need out > 4096 or in > 1024)"
+        return True, f"{shape}: large enough for tensorwise float8"
+    if recipe == "rowwise":
+        if in_features <= 2048:
+            return False, f"{shape}: too small for rowwise (gains need in > 2048)"
+        if out_features <= 1024:
+            return False, f"{shape}: too small for rowwise (gains need out > 1024)"
+        if in_features <= 4096 and out_features <= 2048:
+            return False, f"{shape}: too small for rowwise (gains need in > 4096 or out > 2048)"
+        return True, f"{shape}: large enough for rowwise float8"
+    raise ConfigError(f"float8 recipe must be 'tensorwise' or 'rowwise', got {recipe!r}")
+
+
+def _skipped(name: str, skip: Iterable[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in skip)
+
+
+def float8_plan(model: nn.Module, recipe: str, skip: Iterable[str] = ()) -> list[LinearVerdict]:
+    """Every `nn.Linear` of `model` with its verdict; names matching a `skip` glob are kept as-is."""
+    skip = tuple(skip)
+    plan = []
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        if _skipped(name, skip):
+            verdict = (False, "skipped by the module filter")
+        else:
+            verdict = float8_worth_converting(module.in_features, module.out_features, recipe)
+        plan.append(LinearVerdict(name, module.in_features, module.out_features, *verdict))
+    return plan
+
+
+def float8_module_filter(recipe: str, skip: Iterable[str] = ()) -> Callable[[nn.Module, str], bool]:
+    """torchao's `module_filter_fn(module, fqn)`: convert exactly the Linears the plan converts."""
+    skip = tuple(skip)
+
+    def module_filter(module: nn.Module, fqn: str) -> bool:
+        if not isinstance(module, nn.Linear) or _skipped(fqn, skip):
+            return False
+        return float8_worth_converting(module.in_features, module.out_features, recipe)[0]
+
+    return module_filter
+
+
+def torchao_float8() -> Any:
+    """`torchao.float8`, or a clear error naming the extra to install."""
+    try:
+        import torchao.float8 as float8
+    except ImportError as exc:
+        raise ConfigError(f"float8 training needs torchao, which is not importable ({exc}); {INSTALL_HINT}") from None
+    return float8
+
+
+def apply_float8(model: nn.Module, recipe: str) -> Applied:
+    """Swap the Linears worth converting for torchao's Float8Linear; refuse when none is."""
+    plan = float8_plan(model, recipe)
+    chosen = [v.name for v in plan if v.convert]
+    if not chosen:
+        shown = "; ".join(v.reason for v in plan[:3]) or "the model has no nn.Linear"
+        raise ConfigError(
+            f"float8={recipe}: no nn.Linear of {type(model).__name__} is large enough to gain ({shown}); "
+            "float8 pays on large GEMMs (e.g. 4096-wide transformers): set float8=off"
+        )
+    float8 = torchao_float8()
+    config = float8.Float8LinearConfig.from_recipe_name(recipe)
+    float8.convert_to_float8_training(model, config=config, module_filter_fn=float8_module_filter(recipe))
+    detail = f"{len(chosen)} of {len(plan)} nn.Linear converted to Float8Linear ({recipe} scales): {name_list(chosen)}"
+    return Applied("float8", recipe, detail)

@@ -1,0 +1,67 @@
+"""Activation memory budget: let torch.compile's partitioner choose what to recompute in backward.
+
+A continuous alternative to full/selective checkpointing: at budget b the min-cut partitioner
+keeps b of the activations its runtime-optimal plan would save and recomputes the cheapest rest
+(a 0-1 knapsack over the ops' FLOPs). It only acts where AOTAutograd partitions a compiled graph,
+so it is a compile lever. The knob is a private PyTorch config
+(`torch._functorch.config.activation_memory_budget`); this is the one module that touches it.
+Dynamo does not guard its compiled code on this setting: in one process a second model of the
+same class reuses the first one's graph and its partitioning. Trials run in fresh workers, so
+each compiles its own; an inline trial after another compiled one of the same workload does not.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+
+from workbench.config import ConfigError
+from workbench.optimizations.amp import ContextFactory
+from workbench.optimizations.record import Applied
+
+CONFIG_NAME = "activation_memory_budget"
+
+
+class MemoryBudgetUnavailable(ConfigError):
+    """This PyTorch has no activation memory budget where the workbench looks for it."""
+
+
+def functorch_config() -> Any:
+    """`torch._functorch.config`, checked to still carry the budget; a clear error if it moved."""
+    try:
+        import torch._functorch.config as config
+    except ImportError as exc:
+        raise MemoryBudgetUnavailable(
+            f"torch._functorch.config is not importable in torch {torch.__version__} ({exc}); "
+            "activation_memory_budget needs torch >= 2.4: upgrade torch or set activation_memory_budget=1.0"
+        ) from None
+    if not hasattr(config, CONFIG_NAME):
+        raise MemoryBudgetUnavailable(
+            f"torch {torch.__version__} has no torch._functorch.config.{CONFIG_NAME} (the private API moved); "
+            "set activation_memory_budget=1.0, and update workbench/optimizations/memory_budget.py"
+        )
+    return config
+
+
+def apply_activation_memory_budget(budget: float) -> tuple[ContextFactory | None, Applied | None]:
+    """A context factory setting the budget while the compiled forward is traced; (None, None) at 1.0.
+
+    The partitioner reads the budget when the first call compiles the forward and its backward
+    together, so the context must surround the forward call (it does, in `TrainStep`), and it
+    is scoped to the step: an inline trial leaves the process's global setting untouched.
+    """
+    if budget >= 1.0:
+        return None, None
+    config = functorch_config()
+
+    def context() -> AbstractContextManager[object]:
+        patched: AbstractContextManager[object] = config.patch(**{CONFIG_NAME: float(budget)})
+        return patched
+
+    detail = (
+        f"torch._functorch.config.{CONFIG_NAME}={budget} while the forward compiles: the partitioner keeps "
+        f"{budget:.0%} of the default plan's saved activations and recomputes the cheapest rest in backward"
+    )
+    return context, Applied("activation_memory_budget", budget, detail)
