@@ -152,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     from workbench.cli_tune import add_command as add_tune
 
     add_tune(sub, _add_store_arg, _store_arg)
+    from workbench.cli_diff import add_command as add_diff
+
+    add_diff(sub, _add_store_arg)
 
     history = sub.add_parser("history", help="stored trials, newest first")
     history.add_argument("--workload", default=None, help="only this workload")

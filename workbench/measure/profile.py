@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from workbench.measure.op_table import kernel_table, op_table
 from workbench.measure.timing import synchronize
 
 if TYPE_CHECKING:
@@ -110,6 +111,10 @@ class ProfileSummary:
     trace_path: str | None = None
     trace_bytes: int = 0
     trace_note: str = ""
+    op_table: list[dict[str, Any]] = field(default_factory=list)
+    """Every operator by name, per active step: ms_per_step (self), calls_per_step, dtypes (`measure.op_table`)."""
+    kernel_table: list[dict[str, Any]] = field(default_factory=list)
+    """CUDA only: every kernel by name, per active step (device time, launches)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -217,6 +222,9 @@ def _summarize(prof: Any, device_type: str, options: ProfileOptions, floor_us: f
     summary.step_ms = [e.time_range.elapsed_us() / 1000.0 for e in steps]
     summary.phase_share = _phase_share(events)
     summary.top_ops = top_operators(prof, device_type, active, options.top_k)
+    summary.op_table = op_table(events, device_type, active, _NOT_OPERATORS)
+    if device_type == "cuda":
+        summary.kernel_table = kernel_table(events, active)
     windows = _merge([(e.time_range.start, e.time_range.end) for e in events if _is_compute_range(e.name)])
     host_ops = [e for e in events if _is_host_op(e) and _inside(e.time_range.start, windows)]
     summary.ops_per_step = len(host_ops) / active
