@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.measure.op_table import kernel_table, op_table
+from workbench.measure.step_timeline import step_timeline
 from workbench.measure.timing import synchronize
 
 if TYPE_CHECKING:
@@ -245,6 +246,7 @@ def _summarize(prof: Any, device_type: str, options: ProfileOptions, floor_us: f
     summary.phase_share = _phase_share(events)
     summary.top_ops = top_operators(prof, device_type, active, options.top_k)
     summary.op_table = op_table(events, device_type, active, _NOT_OPERATORS)
+    summary.step_timeline = step_timeline(events, RANGE_PREFIX, max_steps=options.timeline_steps)
     if device_type == "cuda":
         summary.kernel_table = kernel_table(events, active)
     windows = _merge([(e.time_range.start, e.time_range.end) for e in events if _is_compute_range(e.name)])
