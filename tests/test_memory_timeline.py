@@ -80,10 +80,15 @@ def test_phases_are_marked_in_step_order(bev_pair: dict[str, dict[str, Any]]) ->
     assert all(p["start_ms"] < p["end_ms"] for p in phases)
 
 
-def test_full_checkpointing_lowers_the_activations_peak(bev_pair: dict[str, dict[str, Any]]) -> None:
+def test_full_checkpointing_lowers_the_activations_peak_and_recomputes_in_backward(
+    bev_pair: dict[str, dict[str, Any]],
+) -> None:
     off = max(_timeline(bev_pair["off"])["categories"]["activations"])
     full = max(_timeline(bev_pair["full"])["categories"]["activations"])
     assert full < 0.8 * off
+    # ... and its backward re-runs the checkpointed blocks' forward: the recompute.
+    assert _timeline(bev_pair["off"])["recomputed_ops"] == {}
+    assert sum(_timeline(bev_pair["full"])["recomputed_ops"].values()) > 0
 
 
 def test_downsampling_keeps_the_largest_of_each_bucket_and_the_ends() -> None:

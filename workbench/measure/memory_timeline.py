@@ -23,6 +23,12 @@ _FROM_TORCH = {
     "TEMPORARY": "temporaries",
 }
 DEFAULT_MAX_SAMPLES = 400
+#: Ops that begin a module's forward: one of them running inside the backward phase is a recompute
+#: (activation checkpointing re-running the forward to rebuild what it did not keep).
+FORWARD_ENTRY_OPS = frozenset({
+    "aten::convolution", "aten::linear", "aten::scaled_dot_product_attention", "aten::layer_norm",
+    "aten::batch_norm", "aten::group_norm", "aten::embedding",
+})  # fmt: skip
 
 
 class MemoryTimelineUnavailable(RuntimeError):
@@ -127,6 +133,7 @@ def reduce_timeline(
         "categories": {name: [rows[i][name] for i in keep] for name in CATEGORIES},
         "samples": len(totals),
         "phases": _phases(nodes, start_ns),
+        "recomputed_ops": recomputed_ops(nodes),
         "peak": _peak(nodes, times, totals, rows, peak, start_ns),
     }
 
@@ -157,6 +164,18 @@ def _phases(nodes: Any, start_ns: int) -> list[dict[str, Any]]:
                 "end_ms": (node.end_time_ns - start_ns) / 1e6,
             })  # fmt: skip
     return out
+
+
+def recomputed_ops(nodes: Any) -> dict[str, int]:
+    """Forward-entry ops (`FORWARD_ENTRY_OPS`) that ran inside the backward phase, by name."""
+    from workbench.measure.profile import RANGE_PREFIX
+
+    backward = [(n.start_time_ns, n.end_time_ns) for n in nodes if n.name == RANGE_PREFIX + "backward"]
+    counts: dict[str, int] = {}
+    for node in nodes:
+        if node.name in FORWARD_ENTRY_OPS and any(a <= node.start_time_ns <= b for a, b in backward):
+            counts[node.name] = counts.get(node.name, 0) + 1
+    return counts
 
 
 def _peak(

@@ -150,7 +150,7 @@ def timeline_data(trial: TrialResult | None) -> dict[str, Any]:
             "mib": [peak.get("total_bytes", 0) / _MIB],
             "text": [f"peak {peak.get('total_bytes', 0) / _MIB:.1f} MiB {where}".strip()],
         },
-        "title": f"{_config_label(trial)}: memory through one step",
+        "title": f"{_config_label(trial)}: memory through one step" + _recompute_note(timeline),
     }
 
 
@@ -185,6 +185,11 @@ def diff_html(diff: Any, limit: int = 12) -> str:
     explained = f"; the rows explain {diff.explained_share:.0%} of it" if diff.explained_share is not None else ""
     return (f"<b>What changed</b> (per profiled step; measured step-time change {measured}{explained})"
             f"<table class='workbench-diff'>{head}{body}</table>")  # fmt: skip
+
+
+def _recompute_note(timeline: dict[str, Any]) -> str:
+    count = sum((timeline.get("recomputed_ops") or {}).values())
+    return f" ({count} forward ops recomputed in backward)" if count else ""
 
 
 def _color(bar: dict[str, Any]) -> str:
