@@ -97,3 +97,22 @@ def test_timeline_view_without_profiles_says_so() -> None:
     plain = TrialResult(trial_id="t1", status="ok", workload="w", config={}, step_ms=[1.0])
     view.show(plain, plain)
     assert view.memory["baseline"].data["t_ms"] == [] and "no profiled window" in view.diff_table.value
+
+
+def test_the_app_shows_the_latest_profiled_trial_against_the_baselines(pair: tuple[TrialResult, TrialResult]) -> None:
+    pytest.importorskip("jupyter_bokeh")
+    from workbench.ui import Workbench
+
+    baseline, candidate = pair
+    app = Workbench(device="cpu")
+    try:
+        tabs = app.widget.children[-1]
+        assert app.timeline.widget in tabs.children and "Timeline" in tabs.titles
+        app.use_stored_baseline(baseline)  # the baseline alone: drawn on the left, nothing to diff
+        assert len(app.timeline.memory["baseline"].data["t_ms"]) > 10
+        assert app.timeline.memory["candidate"].data["t_ms"] == [] and app.timeline.diff is None
+        app._show_timeline(candidate)  # a profiled candidate finished
+        assert len(app.timeline.memory["candidate"].data["t_ms"]) > 10 and app.timeline.diff is not None
+        assert app.timeline.diff.baseline == baseline.trial_id and app.timeline.diff.candidate == candidate.trial_id
+    finally:
+        app.close()

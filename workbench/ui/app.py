@@ -135,6 +135,7 @@ class Workbench:
         self._show_results()
         if result.ok:
             self.diagnosis.show(result)
+            self._show_timeline(result)
         self._say(f"Baseline is now stored trial {result.trial_id} ({config.describe()}); run candidates against it.")
         return entry
 
