@@ -145,7 +145,11 @@ class Workbench:
             return
         baselines = [r for e in self.entries if e.role == "baseline" for r in e.results() if r.ok and r.profile]
         baseline = baselines[-1] if baselines else None
-        self.timeline.show(baseline, None if baseline is latest else latest)
+        candidate = None if baseline is latest else latest
+        shown = tuple(t.trial_id if t is not None else None for t in (baseline, candidate))
+        if self.timeline.shown != shown:  # the results table refreshes often: draw each pair once
+            self.timeline.shown = shown
+            self.timeline.show(baseline, candidate)
 
     def cancel(self) -> None:
         """Stop the running trial (its worker process ends) and drop the queued ones."""

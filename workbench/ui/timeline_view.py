@@ -56,6 +56,8 @@ class TimelineView:
         self.document.on_event(DocumentReady, lambda event: self._send())
         self._data: dict[str, Any] = {}
         self.diff: Any = None
+        self.shown: tuple[str | None, ...] = ()
+        """Trial ids of the (baseline, candidate) last drawn: the app draws a pair once."""
         self.widget = widgets.VBox([self.header, BokehModel(self.document.roots[0]), self.diff_table])
 
     # --- filling -----------------------------------------------------------------------
