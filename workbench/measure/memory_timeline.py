@@ -76,6 +76,8 @@ def record_memory_timeline(
     finally:
         torch.set_num_threads(threads)
     memory_profile = prof._memory_profile()
+    if device.type == "cuda" and device.index is None:  # the profiler's keys carry the index: cuda:0, not cuda
+        device = torch.device("cuda", torch.cuda.current_device())
     return reduce_timeline(timeline_class(memory_profile), memory_profile, str(device), max_samples=max_samples)
 
 
