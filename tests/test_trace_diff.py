@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,7 @@ def test_rows_rank_by_contribution_to_the_measured_change_and_explain_it() -> No
     assert diff.measured_delta_ms == pytest.approx(-4.0)
     assert [r.name for r in diff.rows] == ["aten::relu", "aten::mm"]  # the two that made it faster, biggest first
     assert diff.explained_share == pytest.approx((3.0 + 1.0) / 4.0)
+    assert diff.profiled_share == pytest.approx(4.0 / 3.5)  # of the profiled change, which the cast offsets
     assert diff.rows[0].share == pytest.approx(0.75)
     assert diff.profiled_delta_ms == pytest.approx(-3.5)  # every row, the cast that worked against it too
     everything = diff_trials(base, cand, top=10)
@@ -161,3 +164,13 @@ def test_cli_diff_prints_a_table_by_trial_id(
     assert main(["diff", fp32.trial_id, bf16.trial_id, "--store", str(path)]) == 0
     out = capsys.readouterr().out
     assert "by contribution to the change" in out and "of the measured change" in out
+
+
+def test_the_command_line_entry_reports_a_bad_reference_in_one_line(
+    stored_pair: tuple[Path, int, int, TrialResult, TrialResult],
+) -> None:
+    path, run_a, *_ = stored_pair
+    proc = subprocess.run([sys.executable, "-m", "workbench.cli", "diff", str(run_a), "nosuch", "--store", str(path)],
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "no stored run or trial 'nosuch'" in proc.stderr

@@ -14,7 +14,15 @@ from typing import Any
 
 
 class DiffInputError(Exception):
-    """A bad A/B argument: printed as one line, exit code 2 (the CLI maps it to its usage error)."""
+    """A bad A/B argument: printed as one line, exit code 2 (the CLI maps it to its input error)."""
+
+
+def _input_error(text: str) -> Exception:
+    # ConfigError, not cli.UsageError: under `python -m workbench.cli` that module is __main__, and
+    # an error class imported from workbench.cli would be a second class its handler does not catch.
+    from workbench.config import ConfigError
+
+    return ConfigError(text)
 
 
 def add_command(sub: Any, add_store_arg: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -31,22 +39,21 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from workbench.analysis.trace_diff import TraceDiffError, diff_trials, format_diff
-    from workbench.cli import UsageError
     from workbench.store import Store, default_store_path
 
     if args.top < 1:
-        raise UsageError(f"--top must be >= 1, got {args.top}")
+        raise _input_error(f"--top must be >= 1, got {args.top}")
     path = args.store or default_store_path()
     if path is None:
-        raise UsageError("the run history is off (WORKBENCH_STORE=off); pass --store PATH")
+        raise _input_error("the run history is off (WORKBENCH_STORE=off); pass --store PATH")
     if not Path(path).exists():
-        raise UsageError(f"no run history at {path}: run `workbench run --profile ...` twice first, or pass --store")
+        raise _input_error(f"no run history at {path}: run `workbench run --profile ...` twice first, or pass --store")
     try:
         with Store(path, create=False) as store:
             baseline, candidate = resolve_trial(store, args.baseline), resolve_trial(store, args.candidate)
         diff = diff_trials(baseline, candidate, top=args.top)
     except (DiffInputError, TraceDiffError) as exc:
-        raise UsageError(str(exc)) from None
+        raise _input_error(str(exc)) from None
     print(json.dumps(diff.to_dict(), indent=2) if args.json else format_diff(diff))
     return 0
 

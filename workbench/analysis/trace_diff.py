@@ -50,6 +50,9 @@ class TraceDiff:
     """CUDA only: the same diff over device kernels."""
     explained_share: float | None = None
     """The fraction of measured_delta_ms that the listed rows account for."""
+    profiled_share: float | None = None
+    """The fraction of profiled_delta_ms they account for: the profiler slows both sides unevenly, so
+    explained_share can pass 1.0 where this one stays a plain share."""
     launches: dict[str, float | None] = field(default_factory=dict)
     """Ops (and on CUDA kernels) per step, baseline and candidate."""
     notes: list[str] = field(default_factory=list)
@@ -79,6 +82,7 @@ def diff_trials(baseline: TrialResult, candidate: TrialResult, *, top: int = 15)
         rows=listed,
         kernel_rows=kernels,
         explained_share=sum(r.delta_ms for r in listed) / measured if measured else None,
+        profiled_share=_share(sum(r.delta_ms for r in listed), sum(r.delta_ms for r in rows)),
         launches=_launches(base_profile, cand_profile),
     )
     if measured is None:
@@ -123,6 +127,10 @@ def _change(base: dict[str, Any] | None, cand: dict[str, Any] | None) -> str:
     if b_types != c_types and b_types and c_types:
         return f"dtype {'/'.join(b_types)} -> {'/'.join(c_types)}"
     return ""
+
+
+def _share(part: float, whole: float) -> float | None:
+    return part / whole if abs(whole) > 1e-9 else None
 
 
 def _contribution(row: DiffRow, measured: float | None) -> float:
@@ -195,7 +203,8 @@ def format_diff(diff: TraceDiff, *, max_name: int = 48) -> str:
         lines.append(table([title[:-1] if title == "ops" else "kernel", "baseline", "candidate", "delta", "share",
                             "calls", "change"], body))  # fmt: skip
     if diff.explained_share is not None:
-        lines.append(f"\nthe listed ops account for {diff.explained_share:.0%} of the measured change")
+        of_profiled = f" ({diff.profiled_share:.0%} of the profiled one)" if diff.profiled_share is not None else ""
+        lines.append(f"\nthe listed ops account for {diff.explained_share:.0%} of the measured change{of_profiled}")
     lines += [f"note: {note}" for note in diff.notes]
     return "\n".join(lines)
 
