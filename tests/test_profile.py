@@ -206,3 +206,17 @@ def test_sync_scan_classifies_copies_by_direction_and_blocking(
     out = torch.ones(2) if to_host else _OnDevice()
     kind = _sync_kind(func, args, kwargs, out)
     assert (kind is None) if expected is None else (kind is not None and kind.startswith(expected))
+
+
+def test_profiled_window_keeps_the_op_table_and_one_steps_memory_timeline(
+    profiled: tuple[TrialResult, list[Any]],
+) -> None:
+    profile = profiled[0].profile
+    assert profile is not None
+    ops = {row["name"]: row for row in profile["op_table"]}
+    # fc1 and fc2: two addmm calls a step, in float32; the table is per active step (2 here).
+    assert ops["aten::addmm"]["calls_per_step"] == 2 and ops["aten::addmm"]["dtypes"] == ["float32"]
+    assert not any(name.startswith(("workbench::", "ProfilerStep")) for name in ops)
+    timeline = profile["memory_timeline"]
+    assert [p["phase"] for p in timeline["phases"]] == ["data", "forward", "backward", "optimizer"]
+    assert max(timeline["total_bytes"]) == timeline["peak"]["total_bytes"] > 0

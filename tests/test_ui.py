@@ -394,7 +394,7 @@ def test_diagnosis_and_history_tabs_are_wired_into_the_app() -> None:
     app = Workbench()
     try:
         tabs = app.widget.children[-1]
-        assert list(tabs.titles) == ["Diagnosis of the latest run", "History", "Tune"]
+        assert list(tabs.titles) == ["Diagnosis of the latest run", "History", "Tune", "Timeline"]
         app.history.refresh()
         entry = app.use_stored_baseline(stored)
         assert entry.role == "baseline" and entry.results() == [stored]

@@ -135,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--device", default="cuda", help="device the snippet targets (default cuda)")
     export.add_argument("--workload", default="bev-perception", help="for --format command")
     export.add_argument("--preset", default="tiny", choices=PRESETS, help="for --format command")
+    export.add_argument("--nvtx", action="store_true",
+                        help="snippet: wrap each step and phase in NVTX ranges (Nsight Systems shows them)")  # fmt: skip
     export.set_defaults(handler=_cmd_export)
 
     workloads = sub.add_parser("workloads", help="list built-in workloads")
@@ -152,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     from workbench.cli_tune import add_command as add_tune
 
     add_tune(sub, _add_store_arg, _store_arg)
+    from workbench.cli_diff import add_command as add_diff
+
+    add_diff(sub, _add_store_arg)
 
     history = sub.add_parser("history", help="stored trials, newest first")
     history.add_argument("--workload", default=None, help="only this workload")
@@ -318,8 +323,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from workbench.export import export_config
 
     config = _config(args.overrides)
+    if args.nvtx and args.format != "snippet":
+        raise UsageError(f"--nvtx marks the snippet's steps; it does not apply to --format {args.format}")
     if args.format == "snippet":
-        print(export_config(config, "snippet", device=args.device))
+        print(export_config(config, "snippet", device=args.device, nvtx=args.nvtx))
     elif args.format == "command":
         from workbench.workloads import load_workload
 

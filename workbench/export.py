@@ -161,12 +161,13 @@ class _Snippet:
         return f"{blocks[0]}\n\n{blocks[1]}\n\n{blocks[2]}\n\n\n{rest}\n"
 
 
-def to_snippet(config: TrainConfig, *, device: str = "cuda") -> str:
+def to_snippet(config: TrainConfig, *, device: str = "cuda", nvtx: bool = False) -> str:
     """Plain-PyTorch code applying `config` to the user's own model, optimizer, data and loop.
 
     The snippet defines `optimize_model`, `make_optimizer`, `make_loader` and `train_step`
     (plus `make_graphed_step` under CUDA graphs), in the order `optimizations.build` applies
-    the toggles, with a header listing the config and a usage example.
+    the toggles, with a header listing the config and a usage example. `nvtx=True` wraps the
+    step and each phase of `train_step` in NVTX ranges (Nsight Systems shows them; no-ops off CUDA).
     """
     if not isinstance(device, str) or not _DEVICE.fullmatch(device):
         raise ConfigError(f"device must be a device string such as 'cuda', 'cuda:1' or 'cpu', got {device!r}")
@@ -217,7 +218,12 @@ def to_snippet(config: TrainConfig, *, device: str = "cuda") -> str:
         _add_flex_attention(snippet)
     elif config.attention_backend != "auto":
         snippet.imports.add("from torch.nn.attention import SDPBackend, sdpa_kernel")
-    snippet.functions.append(_train_step(config, device))
+    if nvtx:
+        snippet.imports.add("from contextlib import nullcontext")
+        snippet.functions.append(_NVTX_RANGE)
+        snippet.functions.append(with_nvtx_ranges(_train_step(config, device)))
+    else:
+        snippet.functions.append(_train_step(config, device))
     if config.cuda_graphs:
         if config.optimizer == "adamw":
             snippet.imports.add("import warnings")
@@ -769,6 +775,66 @@ def _train_step(config: TrainConfig, device: str) -> str:
         lines.append("    optimizer.step()")
     lines.append("    return torch.stack(losses).mean()")
     return "\n".join(lines)
+
+
+_NVTX_RANGE = '''def nvtx_range(name: str) -> Any:
+    """An NVTX range that Nsight Systems shows on its timeline; nothing off CUDA."""
+    return torch.cuda.nvtx.range(name) if DEVICE.type == "cuda" else nullcontext()'''
+
+#: `train_step` lines that open a phase: the lines from one up to the next (or the loop's end) form it.
+_PHASE_STARTS = (("batch = to_device(", "data"), ("loss = loss_fn(", "forward"), ("with torch.autocast(", "forward"),
+                 ("# Dividing by the micro-batch count", "backward"), ("optimizer.step()", "optimizer"),
+                 ("scaler.step(optimizer)", "optimizer"))  # fmt: skip
+
+
+def with_nvtx_ranges(train_step: str) -> str:
+    """`train_step`'s source with its body in a `workbench::step` range and each phase in its own.
+
+    Phase blocks are found by their first line (`_PHASE_STARTS`) and end where the next phase, a
+    shallower line, or `losses.append` begins; each is re-indented under `with nvtx_range(...)`.
+    """
+    lines = train_step.split("\n")
+    body_at = next(i for i, line in enumerate(lines) if line.strip() == "optimizer.zero_grad(set_to_none=True)")
+    head, body = lines[:body_at], lines[body_at:]
+    out: list[str] = []
+    index = 0
+    while index < len(body):
+        line = body[index]
+        phase = _phase_of(line)
+        if phase is None:
+            out.append(line)
+            index += 1
+            continue
+        indent = line[: len(line) - len(line.lstrip())]
+        end = index + 1
+        if phase == "backward":  # its comment lines, then the line that calls backward()
+            while end < len(body) and ".backward()" not in body[end - 1]:
+                end += 1
+        while end < len(body) and _continues(body[end], indent, phase):
+            end += 1
+        out.append(f'{indent}with nvtx_range("workbench::{phase}"):')
+        out += ["    " + part for part in body[index:end]]
+        index = end
+    step = [line for line in out if not line.lstrip().startswith("return ")]
+    returns = [line for line in out if line.lstrip().startswith("return ")]
+    wrapped = ['    with nvtx_range("workbench::step"):'] + ["    " + line for line in step]
+    return "\n".join(head + wrapped + returns)
+
+
+def _phase_of(line: str) -> str | None:
+    text = line.strip()
+    return next((phase for start, phase in _PHASE_STARTS if text.startswith(start)), None)
+
+
+def _continues(line: str, indent: str, phase: str) -> bool:
+    """Whether `line` still belongs to the phase block that opened at `indent`."""
+    text = line.strip()
+    if not line.startswith(indent) or text.startswith("losses.append"):
+        return False
+    deeper = len(line) - len(line.lstrip()) > len(indent)
+    if deeper:
+        return True
+    return phase in ("data", "optimizer") and _phase_of(line) in (None, phase) and not text.startswith(("with ", "#"))
 
 
 def _graphed_step(config: TrainConfig) -> str:

@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from workbench.measure.op_table import kernel_table, op_table
+from workbench.measure.step_timeline import step_timeline
 from workbench.measure.timing import synchronize
 
 if TYPE_CHECKING:
@@ -59,6 +61,10 @@ class ProfileOptions:
     top_k: int = 15
     scan_syncs: bool = True
     """One more step under a dispatch mode that records each host-synchronizing call's source line."""
+    memory_timeline: bool = True
+    """One more step under the memory profiler: memory over the step by category (`measure.memory_timeline`)."""
+    timeline_steps: int = 20
+    """Most steps the step timeline (the Gantt summary of the recorded steps) keeps."""
 
     def __post_init__(self) -> None:
         from workbench.config import ConfigError
@@ -110,6 +116,14 @@ class ProfileSummary:
     trace_path: str | None = None
     trace_bytes: int = 0
     trace_note: str = ""
+    op_table: list[dict[str, Any]] = field(default_factory=list)
+    """Every operator by name, per active step: ms_per_step (self), calls_per_step, dtypes (`measure.op_table`)."""
+    kernel_table: list[dict[str, Any]] = field(default_factory=list)
+    """CUDA only: every kernel by name, per active step (device time, launches)."""
+    memory_timeline: dict[str, Any] = field(default_factory=dict)
+    """One step's memory over time by category, its phases and peak (`measure.memory_timeline`), or 'error'."""
+    step_timeline: dict[str, Any] = field(default_factory=dict)
+    """Gantt summary of the recorded steps: phases per step and top ops (`measure.step_timeline`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -149,11 +163,25 @@ def profile_window(
             prof.step()
     summary: ProfileSummary = captured["summary"]
     summary.trace_path, summary.trace_bytes, summary.trace_note = captured["trace"]
+    if options.memory_timeline:
+        summary.memory_timeline = _memory_timeline(train_step, batches, config)
     if options.scan_syncs:
         from workbench.measure.syncscan import scan_syncs
 
         summary.syncs = scan_syncs(lambda: _profiled_step(train_step, batches, config, ranges=False), dev.type)
     return summary
+
+
+def _memory_timeline(train_step: TrainStep, batches: Iterator[Any], config: TrainConfig) -> dict[str, Any]:
+    """One more step under the memory profiler; a failure is reported in the summary, never raised."""
+    from workbench.measure.memory_timeline import MemoryTimelineUnavailable, record_memory_timeline
+
+    try:
+        return record_memory_timeline(lambda: _profiled_step(train_step, batches, config), train_step.device)
+    except MemoryTimelineUnavailable as exc:
+        return {"error": str(exc)}
+    except Exception as exc:  # an optional view: its failure must not discard the profiled window
+        return {"error": f"the memory profiler failed ({type(exc).__name__}: {exc})"}
 
 
 def _profiled_step(train_step: TrainStep, batches: Iterator[Any], config: TrainConfig, ranges: bool = True) -> None:
@@ -217,6 +245,10 @@ def _summarize(prof: Any, device_type: str, options: ProfileOptions, floor_us: f
     summary.step_ms = [e.time_range.elapsed_us() / 1000.0 for e in steps]
     summary.phase_share = _phase_share(events)
     summary.top_ops = top_operators(prof, device_type, active, options.top_k)
+    summary.op_table = op_table(events, device_type, active, _NOT_OPERATORS)
+    summary.step_timeline = step_timeline(events, RANGE_PREFIX, max_steps=options.timeline_steps)
+    if device_type == "cuda":
+        summary.kernel_table = kernel_table(events, active)
     windows = _merge([(e.time_range.start, e.time_range.end) for e in events if _is_compute_range(e.name)])
     host_ops = [e for e in events if _is_host_op(e) and _inside(e.time_range.start, windows)]
     summary.ops_per_step = len(host_ops) / active

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.measure.events import EventSink, StepMeasured
 from workbench.measure.memory import read_cuda_peak, reset_cuda_peak
+from workbench.measure.nvtx import step_ranges
 from workbench.measure.result import TrialResult
 from workbench.measure.timing import make_clock, synchronize
 from workbench.measure.utilization import WindowProbe
@@ -104,22 +105,33 @@ def one_step(
 ) -> Any:
     """One training step: `grad_accumulation` micro-batches, each phase boundary marked on `clock`."""
 
+    nvtx = step_ranges(train_step, index)  # None off CUDA
+
     def mark(label: str) -> None:
         if clock is not None:
             clock.mark(label)
         if on_phase is not None:
             on_phase(index, label)
+        if nvtx is not None:
+            nvtx.mark(label)
 
     if on_phase is not None:
         on_phase(index, "data")
+    if nvtx is not None:
+        nvtx.begin()
     if clock is not None:
         clock.begin_step()
     micro = [train_step.prepare_batch(next(batches)) for _ in range(train_step.config.grad_accumulation)]
     if clock is not None:
         clock.mark("data")
-    loss = train_step(micro, mark if clock is not None or on_phase is not None else None)
+    if nvtx is not None:
+        nvtx.mark("data")
+    marking = clock is not None or on_phase is not None or nvtx is not None
+    loss = train_step(micro, mark if marking else None)
     if clock is not None:
         clock.end_step()
+    if nvtx is not None:
+        nvtx.end()
     if losses is not None:  # after the clock stopped: a rank's collective never enters a step time
         losses.record(index, loss)
     return loss

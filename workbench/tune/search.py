@@ -38,7 +38,7 @@ SCREEN_SHARE = 0.55
 BASELINE_SHARE = 0.25
 """A baseline trial that takes more than this share of the budget leaves no room for a search."""
 
-SEED_PROFILE = ProfileOptions(wait=0, warmup=1, active=1, record_shapes=False, scan_syncs=False)
+SEED_PROFILE = ProfileOptions(wait=0, warmup=1, active=1, record_shapes=False, scan_syncs=False, memory_timeline=False)
 """The baseline's profiled window, after its timed one: enough for the diagnosis's shares, kept
 short because it is spent from the search's budget."""
 

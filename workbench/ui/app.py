@@ -31,6 +31,7 @@ from workbench.ui.history_view import HistoryView
 from workbench.ui.layout import build_layout, progress_row, workload_options
 from workbench.ui.runs import Entry, Inbox, RunSpec, TrialRecord, TrialRunner, finish
 from workbench.ui.table import comparison_for, render_ranks, render_table
+from workbench.ui.timeline_view import TimelineView
 from workbench.ui.tune_view import TuneView
 from workbench.workloads import PRESETS, Workload
 
@@ -134,8 +135,21 @@ class Workbench:
         self._show_results()
         if result.ok:
             self.diagnosis.show(result)
+            self._show_timeline(result)
         self._say(f"Baseline is now stored trial {result.trial_id} ({config.describe()}); run candidates against it.")
         return entry
+
+    def _show_timeline(self, latest: TrialResult) -> None:
+        """The Timeline tab: the latest profiled trial against its baseline's profiled trial (if any)."""
+        if not latest.profile:
+            return
+        baselines = [r for e in self.entries if e.role == "baseline" for r in e.results() if r.ok and r.profile]
+        baseline = baselines[-1] if baselines else None
+        candidate = None if baseline is latest else latest
+        shown = tuple(t.trial_id if t is not None else None for t in (baseline, candidate))
+        if self.timeline.shown != shown:  # the results table refreshes often: draw each pair once
+            self.timeline.shown = shown
+            self.timeline.show(baseline, candidate)
 
     def cancel(self) -> None:
         """Stop the running trial (its worker process ends) and drop the queued ones."""
@@ -201,6 +215,7 @@ class Workbench:
         self.cancel_button.on_click(lambda _: self.cancel())
         self.profile_box = widgets.Checkbox(value=False, description="profile a few extra steps (for Diagnosis)")
         self.diagnosis = DiagnosisView(on_apply=lambda config: void(self.run_candidate(config)), device=self.device)
+        self.timeline = TimelineView()
         self.history = HistoryView(
             on_pick_baseline=lambda result: void(self.use_stored_baseline(result)),
             on_open_config=self.panel.set_config,
@@ -391,6 +406,7 @@ class Workbench:
         if done and done[-1].result is not None and done[-1].result.ok:
             self.diagnosis.show(done[-1].result)
             self.ranks.value = render_ranks(done[-1].result)
+            self._show_timeline(done[-1].result)
         if done and not self.runner.busy:
             last = done[-1].result
             assert last is not None

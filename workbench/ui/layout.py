@@ -78,8 +78,8 @@ def build_layout(app: Workbench) -> widgets.VBox:
             app.ranks,
             export,
             widgets.Tab(
-                children=[app.diagnosis.widget, app.history.widget, app.tune.widget],
-                titles=("Diagnosis of the latest run", "History", "Tune"),
+                children=[app.diagnosis.widget, app.history.widget, app.tune.widget, app.timeline.widget],
+                titles=("Diagnosis of the latest run", "History", "Tune", "Timeline"),
             ),
         ],
         layout=widgets.Layout(width="100%"),
