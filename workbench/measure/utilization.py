@@ -83,7 +83,8 @@ class WindowProbe:
         if self._thread is not None:
             self._thread.join(1.0)
         end = self._reading()
-        end_wall = self._begin_wall + (end[0] - self._begin)
+        # Read, not derived from the monotonic span: a pause between start's two reads would shift it.
+        end_wall = time.time()
         self._readings.append(end)
         if self._gpu is not None:
             self._gpu_samples.append(self._gpu.read())  # NVML's figures look back: this one covers the window's end
