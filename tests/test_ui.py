@@ -175,7 +175,7 @@ def test_baseline_and_candidate_fill_charts_table_and_export(make_app) -> None:
     for record, x0, x1 in zip(app.records, spans["x0"], spans["x1"]):
         start, end = record.result.timed_window
         assert (x0, x1) == pytest.approx((start * 1000.0, end * 1000.0))
-        assert end - start == pytest.approx(sum(record.result.step_ms) / 1000.0, rel=0.2, abs=0.005)
+        assert end - start == pytest.approx(sum(record.result.step_ms) / 1000.0, rel=0.2, abs=0.05)
     assert spans["x1"][0] <= spans["x0"][1]  # the baseline's window ends before the candidate's starts
     last_tick = max(app.charts.utilization.data["t"])  # the monitor's time.time() in ms: the same clock
     assert last_tick - 120_000.0 <= spans["x0"][0] and spans["x1"][1] <= last_tick + 1000.0
