@@ -369,3 +369,27 @@ def test_the_compiler_levers_are_searched_where_compile_is() -> None:
     budget_without_compile = {**{n: v[0] for n, v in no_compile.values.items()}, "activation_memory_budget": 0.5}
     with pytest.raises(ConfigError, match="compile=off"):
         no_compile.config(TrainConfig(), budget_without_compile)
+
+
+def test_a_cancel_during_verification_reports_cancelled_not_a_verdict() -> None:
+    """A cancel that interrupts the protocol's rung says so; the rung's partial rows prove nothing."""
+    from sleepy_workload import SleepyNet
+
+    stop = threading.Event()
+    screened: list[dict[str, Any]] = []
+
+    def model_cancelling_once_screened() -> nn.Module:
+        if len(screened) == 3:  # the three batch sizes are screened: this model is the verification's
+            stop.set()
+        return SleepyNet()
+
+    wl = replace(sleepy_workload(), model_fn=model_cancelling_once_screened)
+    result = tune(wl, budget_s=60, space={"batch_size": [2, 4, 8]}, protocol=Protocol(design="processes", precision=0.1),
+                  store=None, seed_from_diagnosis=False, cancel=stop, on_update=lambda u: screened.extend(
+                      [u["trial"]] if u["event"] == "trial" else []), **WINDOW)  # fmt: skip
+    assert len(screened) == 3 and stop.is_set() and result.rungs, "the cancel must land inside the verification"
+    assert result.stop_reason == "cancelled", result.stop_reason
+    cancelled_first = threading.Event()
+    cancelled_first.set()
+    before = tune(sleepy_workload(), budget_s=60, space=SPACE, store=None, cancel=cancelled_first, **WINDOW)
+    assert before.stop_reason == "cancelled", before.stop_reason  # not "the baseline failed"

@@ -123,7 +123,8 @@ class _Search:
         base = self._baseline(seed_from_diagnosis and not self.record.previous)
         result.baseline = base
         if not base.ok:
-            result.stop_reason = f"the baseline failed ({base.status}): {base.message.strip().splitlines()[0][:200]}"
+            result.stop_reason = "cancelled" if self.cancel.is_set() else (
+                f"the baseline failed ({base.status}): {base.message.strip().splitlines()[0][:200]}")  # fmt: skip
             return self._finish(result)
         if self.durations and self.durations[0] > BASELINE_SHARE * budget_s:
             raise ConfigError(
@@ -242,6 +243,9 @@ class _Search:
                                 cancel=self.cancel, **self.window)  # fmt: skip
             result.rungs.append(rung)
             self.emit({"event": "rung", "rung": rung.to_dict(), **self._clock()})
+            if self.cancel.is_set():  # an interrupted rung's rows prove nothing: no verdict from them
+                result.stop_reason = "cancelled"
+                return
             rungs_left -= 1
             if rungs_left == 0:
                 break
