@@ -6,8 +6,15 @@ with flags that keep it off the closed network.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import socket
 import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -47,3 +54,44 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+@contextlib.contextmanager
+def jupyterlab(home: Path, root: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """JupyterLab serving `root` on 127.0.0.1 and a free port, token off, settings and runtime under
+    `home` (news and update checks off: no pop-ups over what a test clicks); yields its URL once
+    /api/status answers, and stops it on exit."""
+    settings = home / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    settings.parent.mkdir(parents=True)
+    settings.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    env = {
+        **(env or os.environ),
+        "JUPYTER_CONFIG_DIR": str(home / "config"),
+        "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
+    }
+    command = [
+        sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}", "--IdentityProvider.token=", "--ServerApp.password=",
+        f"--ServerApp.root_dir={root}", f"--LabApp.user_settings_dir={home / 'settings'}",
+        f"--LabApp.workspaces_dir={home / 'workspaces'}", "--LabApp.news_url=",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    ]  # fmt: skip
+    log_path = home / "lab.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"JupyterLab did not start:\n{log_path.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}api/status", timeout=2) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.3)
+        yield url
+    finally:
+        stop(proc)

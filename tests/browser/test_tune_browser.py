@@ -12,18 +12,13 @@ the buttons back to idle. Screenshot: artifacts/browser/tune.png. Skips with the
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from browser_support import CHROMIUM, CHROMIUM_FLAGS, free_port, skip_reason, stop
+from browser_support import CHROMIUM, CHROMIUM_FLAGS, jupyterlab, skip_reason
 
 pytestmark = pytest.mark.browser
 
@@ -85,36 +80,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     kernel = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(APP_CELL)], metadata=kernel)
     nbformat.write(notebook, root / NOTEBOOK)  # with a kernelspec: no kernel-picker dialog
-    settings = home / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
-    settings.parent.mkdir(parents=True)
-    settings.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/"
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_RUNTIME_DIR": str(home / "runtime")}
-    command = [
-        sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", "--ServerApp.ip=127.0.0.1",
-        f"--ServerApp.port={port}", "--IdentityProvider.token=", "--ServerApp.password=",
-        f"--ServerApp.root_dir={root}", f"--LabApp.user_settings_dir={home / 'settings'}",
-        f"--LabApp.workspaces_dir={home / 'workspaces'}", "--LabApp.news_url=",
-        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-    ]  # fmt: skip
-    log_path = home / "lab.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"JupyterLab did not start:\n{log_path.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}api/status", timeout=2) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.3)
+    with jupyterlab(home, root) as url:
         yield url
-    finally:
-        stop(proc)
 
 
 @pytest.fixture(scope="module")
