@@ -218,7 +218,10 @@ def _add_protocol_args(p: argparse.ArgumentParser, budget_s: float = 60.0, desig
                    help=f"seconds the comparison may take before it stops adding rounds (default {budget_s:g})")  # fmt: skip
     if design:  # regress always measures fresh processes: its other side is stored
         p.add_argument("--design", default="auto", choices=("auto", "paired", "processes"),
-                       help="auto: paired rounds in one worker where honest, else one fresh process per unit")  # fmt: skip
+                       help="auto: paired rounds where honest, else one fresh process per unit")  # fmt: skip
+        p.add_argument("--paired-workers", type=int, default=2, metavar="N",
+                       help="paired design: workers the rounds rotate between, so no one worker's bias decides "
+                            "(default 2; 1 saves a worker's memory)")  # fmt: skip
     p.add_argument("--confidence", type=float, default=0.95, help="interval confidence (default 0.95)")
 
 
@@ -226,7 +229,7 @@ def _protocol(args: argparse.Namespace, **fixed: Any) -> Any:
     from workbench.protocol import Protocol
 
     return Protocol(precision=args.precision, budget_s=args.budget, design=getattr(args, "design", "processes"),
-                    confidence=args.confidence, **fixed)  # fmt: skip
+                    paired_workers=getattr(args, "paired_workers", 2), confidence=args.confidence, **fixed)  # fmt: skip
 
 
 def _add_trial_args(p: argparse.ArgumentParser, steps: int = 20, steps_help: str = "timed steps") -> None:

@@ -65,6 +65,11 @@ class Protocol:
     block_s: float = 1.0
     """Target timed seconds per unit in the paired design: a configuration whose step is slow gets
     fewer steps (at least one), so one slow candidate does not make every round long."""
+    paired_workers: int = 2
+    """Paired design: workers the rounds rotate between (round r in worker r mod n). Each worker
+    carries a bias of a few percent between configurations for its whole life (where its memory
+    and threads landed); rotating shows it in the rounds' spread instead of the centre. 1 saves a
+    worker's memory and start-up, at the cost of that bias."""
     min_rounds: int = 6
     """Rounds always measured (raised to what `confidence` needs: 6 at 95%, 8 at 99%)."""
     max_rounds: int = 200
@@ -86,6 +91,9 @@ class Protocol:
             raise ConfigError(f"block_steps must be an integer >= 1, got {self.block_steps!r}")
         if not self.block_s > 0:
             raise ConfigError(f"block_s must be a positive number of seconds, got {self.block_s!r}")
+        workers = self.paired_workers
+        if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 8:
+            raise ConfigError(f"paired_workers must be an integer from 1 to 8, got {self.paired_workers!r}")
         if not 1 <= self.min_rounds <= self.max_rounds:
             raise ConfigError(
                 f"rounds must satisfy 1 <= min_rounds <= max_rounds, got min_rounds={self.min_rounds}, "
@@ -151,6 +159,7 @@ class ComparisonRun:
             "candidates": candidates,
             "rounds": comp.rounds,
             "design": comp.design,
+            "paired_workers": comp.paired_workers,
             "confidence": comp.confidence,
             "precision": comp.precision,
             "equivalence_margin": comp.equivalence_margin,
@@ -213,7 +222,8 @@ def run_protocol(
                               **trial_options)  # fmt: skip
     began = time.monotonic()
     load = HostLoad().start()
-    with opened_store(store) as history, _spare_workers(request, design, 1 + len(configs) - bool(known_baseline)):
+    spares = len(configs) - bool(known_baseline) + (protocol.paired_workers if design == "paired" else 0)
+    with opened_store(store) as history, _spare_workers(request, design, spares):
         recorder = history.recorder(kind, label=run_label) if history is not None else None
 
         def fresh(index: int) -> TrialResult:
@@ -235,7 +245,7 @@ def run_protocol(
         comparison = compare_units(summaries, numerics, log, paired=design == "paired", design=design,
                                    confidence=protocol.confidence, equivalence_margin=protocol.margin,
                                    precision=protocol.precision, host_other_cores=load.other_cores(),
-                                   baseline_steps=runs[0][0].step_ms)  # fmt: skip
+                                   baseline_steps=runs[0][0].step_ms, paired_workers=rounds.workers)  # fmt: skip
         comparison.stop_reason = stop_reason
         comparison.elapsed_s = time.monotonic() - began
         if history is not None:
@@ -333,6 +343,8 @@ class _Rounds:
         self.fresh = fresh
         self.log = UnitLog()
         self.note = ""
+        self.workers = 0
+        """Paired workers the rounds rotated between (0: the processes design)."""
 
     def run(self) -> tuple[UnitLog, str]:
         ok = [i for i, r in enumerate(self.runs) if r and all(x.ok for x in r)]
@@ -349,32 +361,39 @@ class _Rounds:
         return self.log, self._loop(ok, self._process_round, start=1) + self.note
 
     def _paired(self, ok: list[int]) -> str | None:
-        from workbench.measure.session import PairedSession, SessionFailed
+        from workbench.measure.session import SessionFailed, open_sessions
 
+        wanted = self.protocol.paired_workers
         try:
-            session = PairedSession(self.request, [self.configs[i] for i in ok], cancel=self.cancel)
+            sessions, why_fewer = open_sessions(self.request, [self.configs[i] for i in ok], wanted, self.cancel)
         except SessionFailed as exc:
             if self.cancel is not None and self.cancel.is_set():
                 return "cancelled"
             self.note = str(exc).splitlines()[0][:200]
             return None
+        self.workers = len(sessions)
+        fewer = f"; {len(sessions)} of {wanted} paired workers ({why_fewer})" if why_fewer else ""
         try:
             local = {config: position for position, config in enumerate(ok)}
             shapes = {local[i]: self.protocol.block_for(self.runs[i][0].median_step_ms) for i in ok}
 
-            def one_round(order: list[int]) -> dict[int, list[float]]:
+            def one_round(number: int, members: list[int]) -> dict[int, list[float]]:
+                # Worker number mod n; within a worker the order still alternates from one of its rounds to the next.
+                session = sessions[number % len(sessions)]
+                order = round_order(members, number // len(sessions))
                 blocks = session.run_round([local[i] for i in order], shapes)
                 return {ok[position]: step_ms for position, step_ms in blocks.items()}
 
-            return self._loop(ok, one_round, start=0)
+            return self._loop(ok, one_round, start=0) + fewer
         except SessionFailed as exc:
             return "cancelled" if self.cancel is not None and self.cancel.is_set() else f"stopped: {exc}"
         finally:
-            session.close()
+            for session in sessions:
+                session.close()
 
-    def _process_round(self, order: list[int]) -> dict[int, list[float]]:
+    def _process_round(self, number: int, members: list[int]) -> dict[int, list[float]]:
         blocks = {}
-        for index in order:
+        for index in round_order(members, number):
             result = self.fresh(index)
             self.runs[index].append(result)
             if not result.ok:
@@ -395,7 +414,7 @@ class _Rounds:
                 return reason
             round_began = time.monotonic()
             try:
-                blocks = measure(round_order([0, *active], number))
+                blocks = measure(number, [0, *active])
             except _RoundFailed as exc:
                 return f"stopped: {exc}"
             durations.append(time.monotonic() - round_began)
@@ -444,7 +463,8 @@ class _RoundFailed(Exception):
 
 def _attach(history: Any, comparison: Comparison, runs: list[list[TrialResult]]) -> None:
     """The verdicts onto the stored trials, so `history` shows them with the trial."""
-    common = {"design": comparison.design, "rounds": comparison.rounds, "precision": comparison.precision,
+    common = {"design": comparison.design, "paired_workers": comparison.paired_workers,
+              "rounds": comparison.rounds, "precision": comparison.precision,
               "confidence": comparison.confidence, "noise": asdict(comparison.noise),
               "stop_reason": comparison.stop_reason}  # fmt: skip
     figures: list[dict[str, Any]] = [{"role": "baseline", **common}]

@@ -88,8 +88,9 @@ def rank_mark(comp: Comparison, index: int) -> str:
 
 def protocol_notes(comp: Comparison) -> list[str]:
     """How the verdicts were reached and how noisy it was (one line each)."""
+    workers = "one worker" if comp.paired_workers <= 1 else f"{comp.paired_workers} workers in rotation"
     design = {
-        "paired": "paired rounds in one worker (blocks of steps, order alternating)",
+        "paired": f"paired rounds in {workers} (blocks of steps, order alternating)",
         "processes": "one fresh worker process per unit, order alternating",
     }.get(comp.design, comp.design)
     target = f", target ±{comp.precision:.1%}" if comp.precision else ""
@@ -100,6 +101,8 @@ def protocol_notes(comp: Comparison) -> list[str]:
         parts.append(f"step-to-step {noise.within_unit_cv:.1%}")
     if noise.between_unit_sd is not None:
         parts.append(f"round-to-round {noise.between_unit_sd:.1%}")
+    if noise.between_workers is not None:
+        parts.append(f"worker-to-worker {noise.between_workers:.1%}")
     if noise.baseline_drift is not None:
         parts.append(f"baseline drift {noise.baseline_drift:.1%}")
     if noise.host_other_cores is not None:

@@ -10,6 +10,7 @@ one unit), as `regress` and the run history need. The protocol that *measures* t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -99,6 +100,9 @@ class Noise:
     """Spread of the baseline's own unit medians over the comparison (how much the machine moved)."""
     host_other_cores: float | None = None
     """Average CPU cores used by other processes while measuring (None: not sampled)."""
+    between_workers: float | None = None
+    """Paired rounds rotated between workers: the largest gap between two workers' median log
+    ratios, over the candidates (0.03 ≈ 3%): what one worker alone would have shown as an effect."""
     warnings: list[str] = field(default_factory=list)
 
 
@@ -113,6 +117,8 @@ class Comparison:
     design: str = "processes"
     """'paired': rounds of blocks in one worker; 'processes': one fresh worker per unit."""
     paired: bool = False
+    paired_workers: int = 0
+    """Paired design: how many workers the rounds rotated between (0: the processes design)."""
     precision: float | None = None
     noise: Noise = field(default_factory=lambda: Noise(None, None, None))
     winner: int | None = None
@@ -167,12 +173,14 @@ def compare_units(
     precision: float | None = None,
     host_other_cores: float | None = None,
     baseline_steps: Sequence[float] = (),
+    paired_workers: int = 0,
 ) -> Comparison:
     """The comparison of candidates 1..n with the baseline 0 from their units' medians.
 
     `summaries[i]` carries config i's fresh-trial figures (memory, compile, status),
     `numerics[i - 1]` candidate i's loss check against the baseline. `baseline_steps` (the
-    baseline's fresh trial) gives the step-to-step spread where units are single steps."""
+    baseline's fresh trial) gives the step-to-step spread where units are single steps.
+    `paired_workers`: paired round r was measured in worker r mod that many."""
     base = summaries[0]
     rows = []
     for index, (summary, check) in enumerate(zip(summaries[1:], numerics), start=1):
@@ -189,8 +197,9 @@ def compare_units(
         equivalence_margin=equivalence_margin,
         design=design,
         paired=paired,
+        paired_workers=paired_workers,
         precision=precision,
-        noise=_noise(log, rows, host_other_cores, baseline_steps),
+        noise=_noise(log, rows, host_other_cores, baseline_steps, paired_workers if paired else 0),
         winner=winner,
         tied=tied,
     )
@@ -320,7 +329,11 @@ def _winner(
 
 
 def _noise(
-    log: UnitLog, rows: list[CandidateComparison], host_other_cores: float | None, baseline_steps: Sequence[float]
+    log: UnitLog,
+    rows: list[CandidateComparison],
+    host_other_cores: float | None,
+    baseline_steps: Sequence[float],
+    workers: int,
 ) -> Noise:
     cvs = [cv for steps in log.steps.get(0, []) if (cv := robust_cv(steps)) is not None]
     if not cvs and (cv := robust_cv(list(baseline_steps))) is not None:  # one-step units: a slow step
@@ -334,7 +347,25 @@ def _noise(
             f"the host was busy: other processes used {host_other_cores:.1f} CPU cores on average while measuring; "
             "verdicts hold (paired rounds cancel what hits both sides) but intervals are wider — measure on a quiet machine"
         )
-    return Noise(float(np.median(cvs)) if cvs else None, max(sds) if sds else None, drift, host_other_cores, warnings)
+    return Noise(float(np.median(cvs)) if cvs else None, max(sds) if sds else None, drift, host_other_cores,
+                 _between_workers(log, len(rows), workers), warnings)  # fmt: skip
+
+
+def _between_workers(log: UnitLog, candidates: int, workers: int) -> float | None:
+    """Largest gap between two workers' median log ratios (round r in worker r mod `workers`)."""
+    if workers < 2:
+        return None
+    base = log.medians.get(0, {})
+    gaps = []
+    for index in range(1, candidates + 1):
+        cand = log.medians.get(index, {})
+        by_worker: dict[int, list[float]] = {}
+        for r in set(base) & set(cand):
+            by_worker.setdefault(r % workers, []).append(math.log(base[r] / cand[r]))
+        if len(by_worker) >= 2:
+            medians = [float(np.median(v)) for v in by_worker.values()]
+            gaps.append(max(medians) - min(medians))
+    return max(gaps) if gaps else None
 
 
 def _break_even(base: TrialSummary, cand: TrialSummary, speedup: float) -> float | None:

@@ -35,18 +35,29 @@ class PairedSession:
     """Parent side: start the worker, warm every configuration, then run rounds on demand."""
 
     def __init__(
-        self, request: TrialRequest, configs: list[TrainConfig], cancel: threading.Event | None = None
+        self,
+        request: TrialRequest,
+        configs: list[TrainConfig],
+        cancel: threading.Event | None = None,
+        *,
+        wait: bool = True,
     ) -> None:
         """`request`: the comparison's window (workload, warm-up, device, preset, timeout); its
-        config is not used, `configs` are the ones built side by side."""
+        config is not used, `configs` are the ones built side by side. `wait=False` returns once
+        the worker is started (call `wait_ready` before the first round), so several can build at once."""
         from workbench.measure.child import ChildProcess
 
         self.timeout_s = request.timeout_s
         self.cancel = cancel
         options = {key: value for key, value in request.for_worker().items() if key in ("warmup", "device", "preset")}
         self.child = ChildProcess(_serve, pack_workload(request.workload), [c.to_dict() for c in configs], options)
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Block until every configuration is built and warm (the worker's "ready"); closes it on failure."""
         try:
-            self._receive(startup=True)  # "ready": every configuration is built and warm
+            self._receive(startup=True)
         except BaseException:
             self.close()
             raise
@@ -90,6 +101,39 @@ class PairedSession:
             if message[0] == "input_error":
                 raise_input_error(message[1], message[2])
             raise SessionFailed(str(message[-1]))
+
+
+def open_sessions(
+    request: TrialRequest, configs: list[TrainConfig], count: int, cancel: threading.Event | None = None
+) -> tuple[list[PairedSession], str]:
+    """`count` paired workers, started together (their builds share the CPUs while nothing is
+    timed): those that became ready, and why any could not ('' when all did).
+
+    Why more than one: two identical configurations built in one worker can differ by a few
+    percent for that worker's whole life (where its memory and threads landed), a bias more
+    rounds in the same worker cannot average away. Rounds rotated between workers each carry
+    their own worker's bias, so it shows in the rounds' spread instead of hiding in the centre.
+    A worker that fails (e.g. out of memory with every model resident twice) only costs the
+    rotation; `SessionFailed` when none is ready, or on a cancel."""
+    sessions = [PairedSession(request, configs, cancel, wait=False) for _ in range(max(1, count))]
+    ready: list[PairedSession] = []
+    first_failure: SessionFailed | None = None
+    try:
+        for session in sessions:
+            try:
+                session.wait_ready()
+                ready.append(session)
+            except SessionFailed as exc:
+                if cancel is not None and cancel.is_set():
+                    raise
+                first_failure = first_failure or exc
+    except BaseException:  # an input error, a cancel: nothing is measured
+        for session in sessions:  # closing twice is harmless: a failed one closed itself
+            session.close()
+        raise
+    if not ready:
+        raise first_failure or SessionFailed("no paired worker started")
+    return ready, "" if first_failure is None else str(first_failure).splitlines()[0][:200]
 
 
 # --- the worker side ---------------------------------------------------------------

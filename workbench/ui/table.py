@@ -55,7 +55,8 @@ def comparison_for(entries: Sequence[Entry]) -> Comparison | None:
     last = next(e.comparison for e in reversed(entries) if e.row is not None and e.comparison is not None)
     return Comparison(summarize(baseline.results()), rows, rounds=max(r.units for r in rows),
                       confidence=last.confidence, equivalence_margin=last.equivalence_margin, design=last.design,
-                      precision=last.precision, noise=last.noise, winner=winner, tied=tied)  # fmt: skip
+                      paired_workers=last.paired_workers, precision=last.precision, noise=last.noise,
+                      winner=winner, tied=tied)  # fmt: skip
 
 
 def render_table(entries: Sequence[Entry], comparison: Comparison | None) -> str:
