@@ -389,7 +389,40 @@ def test_a_cancel_during_verification_reports_cancelled_not_a_verdict() -> None:
                       [u["trial"]] if u["event"] == "trial" else []), **WINDOW)  # fmt: skip
     assert len(screened) == 3 and stop.is_set() and result.rungs, "the cancel must land inside the verification"
     assert result.stop_reason == "cancelled", result.stop_reason
+    assert result.rungs[-1].interrupted and result.to_dict()["rungs"][-1]["interrupted"] is True
     cancelled_first = threading.Event()
     cancelled_first.set()
     before = tune(sleepy_workload(), budget_s=60, space=SPACE, store=None, cancel=cancelled_first, **WINDOW)
     assert before.stop_reason == "cancelled", before.stop_reason  # not "the baseline failed"
+
+
+def test_the_best_comes_from_the_last_rung_that_finished_never_an_interrupted_one() -> None:
+    """A rung cancelled between rounds still has rows with speedups (the rounds done so far), but
+    it decides nothing: the best is the last finished rung's, or none."""
+    from workbench.analysis.compare import UnitLog, compare_units
+    from workbench.protocol import ComparisonRun
+    from workbench.tune.result import TuneResult
+    from workbench.tune.verify import Rung
+
+    a, b = TrainConfig(batch_size=2), TrainConfig(batch_size=8)
+    base = TrialSummary("b", TrainConfig().to_dict(), "ok", "", 1, 100.0, 1.0, None, 1, 0.1, 0.0, 1.0)
+    ok = NumericsCheck(True, 0.0, 0.01, 0.0, 0.05, "")
+
+    def rung(name: str, a_ms: float, b_ms: float, rounds: int) -> Rung:
+        log = UnitLog()
+        for r in range(rounds):
+            log.add(0, r, [100.0])
+            log.add(1, r, [a_ms])
+            log.add(2, r, [b_ms])
+        comp = compare_units([base, base, base], [ok, ok], log, paired=True, design="paired")
+        return Rung(name, [a, b], ComparisonRun(comp, [], [[], []]), comp.candidates, comp.winner, comp.tied)
+
+    finished = rung("rung 1", 80.0, 90.0, rounds=8)  # a wins: 1.25x every round
+    cut = rung("verification", 95.0, 70.0, rounds=3)  # b leads after 3 rounds: too few to verify
+    cut.interrupted = True
+    result = TuneResult("w", "tiny", Objective(), user_space({"batch_size": [2, 8]}, "cpu"), 2, 60.0, None)
+    result.rungs = [finished, cut]
+    best = result.best()
+    assert best is not None and best["winner"] is True and best["config"]["batch_size"] == 2
+    result.rungs = [cut]
+    assert cut.rows[1].speedup is not None and result.best() is None and result.runner_ups() == []

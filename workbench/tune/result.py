@@ -53,12 +53,13 @@ class TuneResult:
         return TrainConfig.from_dict(best["config"]) if best else None
 
     def best(self) -> dict[str, Any] | None:
-        """The verified winner (`winner: True`), else the verification's fastest contender."""
+        """The verified winner (`winner: True`), else the fastest contender of the last rung that
+        finished (a rung interrupted by a cancel decides nothing)."""
         from workbench.tune.verify import row_dict
 
-        if not self.rungs:
+        final = self._last_complete_rung()
+        if final is None:
             return None
-        final = self.rungs[-1]
         index = final.winner
         is_winner = index is not None
         if index is None:
@@ -71,10 +72,13 @@ class TuneResult:
     def runner_ups(self) -> list[dict[str, Any]]:
         from workbench.tune.verify import row_dict
 
-        if not self.rungs:
+        final = self._last_complete_rung()
+        if final is None:
             return []
-        final = self.rungs[-1]
         return [row_dict(final.configs[i], final.rows[i]) for i in final.tied]
+
+    def _last_complete_rung(self) -> Rung | None:
+        return next((rung for rung in reversed(self.rungs) if not rung.interrupted), None)
 
     def pareto(self) -> list[TunedTrial]:
         measured = [t for t in self.trials if t.feasible and t.peak_memory_bytes is not None]

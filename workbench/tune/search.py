@@ -241,9 +241,10 @@ class _Search:
             rung = measure_rung(name, self.workload, self.baseline, base, fitted,
                                 with_budget(self.protocol, budget), self.goal, self.record.save,
                                 cancel=self.cancel, **self.window)  # fmt: skip
+            rung.interrupted = self.cancel.is_set()  # its rows are partial: they prove nothing
             result.rungs.append(rung)
             self.emit({"event": "rung", "rung": rung.to_dict(), **self._clock()})
-            if self.cancel.is_set():  # an interrupted rung's rows prove nothing: no verdict from them
+            if rung.interrupted:
                 result.stop_reason = "cancelled"
                 return
             rungs_left -= 1

@@ -33,11 +33,14 @@ class Rung:
     rows: list[CandidateComparison]
     winner: int | None = None
     tied: list[int] = field(default_factory=list)
+    interrupted: bool = False
+    """Cancelled before its rounds ended: its rows are partial and decide nothing."""
 
     def to_dict(self) -> dict[str, Any]:
         comp = self.outcome.comparison
         return {
             "name": self.name,
+            "interrupted": self.interrupted,
             "design": comp.design,
             "rounds": comp.rounds,
             "stop_reason": comp.stop_reason,
