@@ -13,6 +13,7 @@ as 1/√rounds, so seconds × (half-width / 0.03)²: an extrapolation, labelled 
 compares the paired and the processes designs at the same budget.
 
     .venv/bin/python benchmarks/calibration.py [--n 10] [--slowdown 0.10] [--design paired|processes]
+        [--paired-workers N]
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ def main() -> None:
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--budget", type=float, default=Protocol.budget_s)
     parser.add_argument("--design", default="auto", choices=("auto", "paired", "processes"))
+    parser.add_argument("--paired-workers", type=int, default=Protocol.paired_workers,
+                        help="workers the paired rounds rotate between (1: the old single-worker design)")  # fmt: skip
     args = parser.parse_args()
-    protocol = Protocol(budget_s=args.budget, design=args.design)
+    protocol = Protocol(budget_s=args.budget, design=args.design, paired_workers=args.paired_workers)
     base = TrainConfig()
     probe = run_trial(WORKLOAD, base, steps=10, preset=args.preset)
     batch = probe.samples_per_step
@@ -67,6 +70,10 @@ def main() -> None:
         to_3 = statistics.median(r["seconds"] for r in aa) * (width / 0.03) ** 2
         print(f"design {aa[0]['design']}: A/A half-width reached median ±{width:.1%}; time to ±3% extrapolated "
               f"{to_3:.0f} s")  # fmt: skip
+    gaps = [r["between_workers"] for r in aa + ab if r["between_workers"] is not None]
+    if gaps:
+        print(f"paired workers: {aa[0]['workers']}; gap between their median ratios: median {statistics.median(gaps):.1%}, "
+              f"max {max(gaps):.1%} (what one worker alone would have called an effect)")  # fmt: skip
     print(f"rounds per comparison: median {statistics.median(r['rounds'] for r in aa + ab):.0f}; host busy (other "
           f"cores) median {statistics.median(r['other'] or 0.0 for r in aa + ab):.2f}")  # fmt: skip
 
@@ -82,7 +89,8 @@ def _one(base: TrainConfig, cand: TrainConfig, protocol: Protocol, preset: str, 
     covers = row.speedup_ci is not None and row.speedup_ci[0] <= truth <= row.speedup_ci[1]
     return {"verdict": row.verdict, "speedup": row.speedup, "ci": row.speedup_ci, "truth": truth, "covers": covers,
             "seconds": seconds, "rounds": comp.rounds, "other": comp.noise.host_other_cores,
-            "half_width": row.half_width, "design": comp.design}  # fmt: skip
+            "half_width": row.half_width, "design": comp.design, "workers": comp.paired_workers,
+            "between_workers": comp.noise.between_workers}  # fmt: skip
 
 
 def _fmt(r: dict) -> str:

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
+from sleepy_workload import sleepy_workload
 from torch import nn
 
 from workbench.workloads import Workload
@@ -58,10 +60,6 @@ class WorkerBiasedNet(nn.Module):
 def worker_biased_workload(directory: str, fail_odd_paired: bool = False) -> Workload:
     """`directory`: an empty folder where the workers claim their numbers. `fail_odd_paired`: an
     odd-numbered process fails building its second model (a paired worker out of memory)."""
-    return Workload.from_callables(
-        model_fn=lambda: WorkerBiasedNet(directory, fail_odd_paired),
-        batch_fn=lambda n, g: (torch.randn(n, 4, generator=g), torch.randn(n, 1, generator=g)),
-        loss_fn=lambda out, batch: nn.functional.mse_loss(out, batch[1]),
-        batch_size=4,
-        name="worker-biased",
+    return replace(
+        sleepy_workload(), model_fn=lambda: WorkerBiasedNet(directory, fail_odd_paired), name="worker-biased"
     )
