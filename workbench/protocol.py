@@ -388,6 +388,8 @@ class _Rounds:
         except SessionFailed as exc:
             return "cancelled" if self.cancel is not None and self.cancel.is_set() else f"stopped: {exc}"
         finally:
+            for session in sessions:  # each worker's exit (torch's teardown) overlaps the others'
+                session.ask_to_stop()
             for session in sessions:
                 session.close()
 

@@ -72,11 +72,15 @@ class PairedSession:
             blocks[index] = step_ms
         return blocks
 
-    def close(self) -> None:
+    def ask_to_stop(self) -> None:
+        """Tell the worker to end, without waiting (several then end in parallel)."""
         try:
             self.child.outbox.send(("stop",))
         except OSError:
             pass
+
+    def close(self) -> None:
+        self.ask_to_stop()
         self.child.join(2)
         self.child.stop()
 
