@@ -7,9 +7,10 @@
    is spent. A round measures one unit of the baseline and of every candidate still
    imprecise, in an order that alternates round by round (B C1 C2, C2 C1 B, …), so an order
    effect cancels and rounds go where the interval is widest.
-   - `paired` design (the default where honest): one worker holds every configuration;
+   - `paired` design (the default where honest): a worker holds every configuration;
      a unit is a block of steps (about `block_s` seconds of them, at most `block_steps`). Whatever
-     moves a whole process moves both sides of a ratio.
+     moves a whole process moves both sides of a ratio. Rounds rotate between `paired_workers`
+     such workers, so the bias one worker holds for its whole life lands in the spread.
    - `processes` design: a unit is a fresh worker's trial. Needed for distributed trials
      (torchrun) and DataLoader workers (idle configurations' loader processes would load
      the CPU while another is timed); slower to converge, since every unit carries its
