@@ -116,7 +116,8 @@ def test_compare_table_shows_every_candidate() -> None:
 
 def test_compare_refuses_a_bad_protocol_with_the_fix() -> None:
     for flags, text in ((["--precision", "0"], "precision must be"), (["--budget", "-5"], "budget must be"),
-                        (["--design", "paired", "--baseline", "num_workers=2"], "design='processes'")):  # fmt: skip
+                        (["--design", "paired", "--baseline", "num_workers=2"], "design='processes'"),
+                        (["--paired-workers", "0"], "paired_workers must be an integer from 1 to 8")):  # fmt: skip
         proc = workbench("compare", "--candidate", "amp=bf16", "--no-store", *flags)
         assert proc.returncode == 2 and text in proc.stderr, proc.stderr
 

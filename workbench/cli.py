@@ -219,7 +219,7 @@ def _add_protocol_args(p: argparse.ArgumentParser, budget_s: float = 60.0, desig
     if design:  # regress always measures fresh processes: its other side is stored
         p.add_argument("--design", default="auto", choices=("auto", "paired", "processes"),
                        help="auto: paired rounds where honest, else one fresh process per unit")  # fmt: skip
-        p.add_argument("--paired-workers", type=int, default=2, metavar="N",
+        p.add_argument("--paired-workers", type=int, default=None, metavar="N",
                        help="paired design: workers the rounds rotate between, so no one worker's bias decides "
                             "(default 2; 1 saves a worker's memory)")  # fmt: skip
     p.add_argument("--confidence", type=float, default=0.95, help="interval confidence (default 0.95)")
@@ -228,8 +228,10 @@ def _add_protocol_args(p: argparse.ArgumentParser, budget_s: float = 60.0, desig
 def _protocol(args: argparse.Namespace, **fixed: Any) -> Any:
     from workbench.protocol import Protocol
 
+    if getattr(args, "paired_workers", None) is not None:
+        fixed = {"paired_workers": args.paired_workers, **fixed}
     return Protocol(precision=args.precision, budget_s=args.budget, design=getattr(args, "design", "processes"),
-                    paired_workers=getattr(args, "paired_workers", 2), confidence=args.confidence, **fixed)  # fmt: skip
+                    confidence=args.confidence, **fixed)  # fmt: skip
 
 
 def _add_trial_args(p: argparse.ArgumentParser, steps: int = 20, steps_help: str = "timed steps") -> None:

@@ -115,7 +115,7 @@ class Comparison:
     confidence: float
     equivalence_margin: float
     design: str = "processes"
-    """'paired': rounds of blocks in one worker; 'processes': one fresh worker per unit."""
+    """'paired': rounds of blocks in workers that hold every configuration; 'processes': one fresh worker per unit."""
     paired: bool = False
     paired_workers: int = 0
     """Paired design: how many workers the rounds rotated between (0: the processes design)."""
