@@ -101,3 +101,47 @@ def test_rotation_cuts_false_verdicts_from_a_per_worker_bias_on_simulated_data()
     rng = np.random.default_rng(7)
     one, two, three = (_false_verdict_rate(k, rng) for k in (1, 2, 3))
     assert one > 0.2 and two < 0.6 * one and three < 0.75 * two, (one, two, three)
+
+
+def test_cpu_paired_workers_build_one_after_another_and_warm_eager_models_once(tmp_path: Path) -> None:
+    """On the CPU the second worker starts building only when the first is ready: side by side,
+    their warm-up steps' threads spin against each other (24 s against ~6 s, measured on 2
+    cores). An eager model gets one warm-up step however many the request asked for."""
+    from build_log_workload import build_log_workload, read_logs
+
+    from workbench.measure.request import TrialRequest
+    from workbench.measure.session import open_sessions
+
+    request = TrialRequest.of(build_log_workload(str(tmp_path)), TrainConfig(), warmup=3, steps=1, device="cpu",
+                              track_memory=False)  # fmt: skip
+    sessions, why_fewer = open_sessions(request, [TrainConfig(), TrainConfig(lr=1e-4)], 2)
+    try:
+        assert len(sessions) == 2 and why_fewer == ""
+        logs = read_logs(str(tmp_path))  # read before any round: only the builds and their warm-up
+    finally:
+        for session in sessions:
+            session.close()
+    assert len(logs) == 2
+    spans = []
+    for lines in logs.values():
+        builds = [float(f[1]) for f in lines if f[0].startswith("build")]
+        assert len(builds) == 4  # two models, a start and an end each
+        forwards = [f[1] for f in lines if f[0] == "forward"]
+        assert sorted(forwards.count(model) for model in set(forwards)) == [1, 1]  # one warm-up step each
+        spans.append((min(builds), max(builds)))
+    first, second = sorted(spans)
+    assert first[1] <= second[0], spans  # the second worker's first build began after the first's last
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [(TrainConfig(), 1), (TrainConfig(activation_checkpointing="full"), 1), (TrainConfig(compile="default"), 3),
+     (TrainConfig(compiled_autograd=True, compile="default"), 3)],
+)  # fmt: skip
+def test_paired_warmup_keeps_the_asked_steps_only_where_compile_or_capture_needs_them(
+    config: TrainConfig, expected: int
+) -> None:
+    from workbench.measure.session import paired_warmup
+
+    assert paired_warmup(config, 3) == expected
+    assert paired_warmup(config, 0) == 0
