@@ -82,16 +82,22 @@ def jupyterlab(home: Path, root: Path, env: dict[str, str] | None = None) -> Ite
     with log_path.open("wb") as log:
         proc = subprocess.Popen(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"JupyterLab did not start:\n{log_path.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}api/status", timeout=2) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.3)
+        wait_ready(url, proc, log_path)
         yield url
     finally:
         stop(proc)
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], log_path: Path, token: str = "", timeout_s: float = 90) -> None:
+    """Until the server at `url` answers its status API; its log's tail in the error if it exits or never does."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"JupyterLab exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}api/status?token={token}", timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"JupyterLab did not answer in {timeout_s:.0f} s:\n{log_path.read_text()[-3000:]}")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_support import CHROMIUM, CHROMIUM_FLAGS, free_port, skip_reason, stop
+from browser_support import CHROMIUM, CHROMIUM_FLAGS, free_port, skip_reason, stop, wait_ready
 
 pytestmark = pytest.mark.browser
 
@@ -47,20 +47,6 @@ class Lab:
     token: str
     root: Path
     log: Path
-
-
-def _wait_ready(lab: Lab, proc: subprocess.Popen[bytes], timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"JupyterLab exited with {proc.returncode}:\n{lab.log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"{lab.url}api/status?token={lab.token}", timeout=2) as reply:
-                if reply.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise RuntimeError(f"JupyterLab did not answer in {timeout_s:.0f} s:\n{lab.log.read_text()[-3000:]}")
 
 
 @pytest.fixture(scope="module", params=["/", "/user/someone/"], ids=["root", "prefixed"])
@@ -92,7 +78,7 @@ def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     with lab.log.open("wb") as log:
         proc = subprocess.Popen(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        _wait_ready(lab, proc)
+        wait_ready(lab.url, proc, lab.log, lab.token)
         yield lab
     finally:
         stop(proc)
