@@ -471,7 +471,7 @@ def test_comparisons_and_cli_runs_are_saved_unless_told_not_to(tmp_path: Path, m
     run_comparison(tiny_workload(), TrainConfig(), [TrainConfig(lr=0.01)], protocol=protocol, warmup=1, steps=2,
                    isolation="inline", track_memory=False, store=None)  # fmt: skip
     rounds = outcome.comparison.rounds
-    assert rounds == 6  # the fewest the 95% sign-test interval needs; the 1 s budget stops it there
+    assert rounds == 6  # the fewest the 95% signed-rank interval needs; the 1 s budget stops it there
     with Store(path) as opened:
         rows = opened.history()
         assert sorted(r.label for r in rows) == ["baseline"] * rounds + ["candidate 1"] * rounds

@@ -15,8 +15,9 @@
      (torchrun) and DataLoader workers (idle configurations' loader processes would load
      the CPU while another is timed); slower to converge, since every unit carries its
      process's own ±10–20%.
-3. **Verdict** from `analysis.compare.compare_units`: Student's t over the units; too few
-   units is "inconclusive", with how many more rounds the noise seen calls for.
+3. **Verdict** from `analysis.compare.compare_units`: the signed-rank interval over paired
+   rounds, Welch's over process units; too few units is "inconclusive", with how many more
+   rounds the noise seen calls for.
 """
 
 from __future__ import annotations
@@ -66,11 +67,14 @@ class Protocol:
     block_s: float = 1.0
     """Target timed seconds per unit in the paired design: a configuration whose step is slow gets
     fewer steps (at least one), so one slow candidate does not make every round long."""
-    paired_workers: int = 2
+    paired_workers: int = 3
     """Paired design: workers the rounds rotate between (round r in worker r mod n). Each worker
     carries a bias of a few percent between configurations for its whole life (where its memory
-    and threads landed); rotating shows it in the rounds' spread instead of the centre. 1 saves a
-    worker's memory and start-up, at the cost of that bias."""
+    and threads landed); rotating shows it in the rounds' spread, but the centre is still the mean
+    of n workers' biases, which no number of rounds averages away. With 2 workers a 2% bias gave
+    ~9% false A/A verdicts in simulation at this machine's round noise, with 3 ~7%. Each worker
+    costs a copy of every model's memory and (on the CPU) a few seconds of start-up; 1 saves
+    both, at the cost of that bias."""
     min_rounds: int = 6
     """Rounds always measured (raised to what `confidence` needs: 6 at 95%, 8 at 99%)."""
     max_rounds: int = 200

@@ -6,10 +6,14 @@ interval over pooled steps sees none of that and is far too narrow. So each inde
 unit (a fresh worker's trial, or one paired round) is reduced to one number — its median
 step time — and the interval is taken over the units:
 
-- paired rounds: the median of the per-round log ratios, with the distribution-free
-  sign-test interval (order statistics at binomial ranks, scipy). On a shared 2-core host a
-  burst of other work turns a few rounds into 5–10x outliers; a mean-based interval would
-  widen without bound, the median's does not, and its coverage holds for any distribution.
+- paired rounds: the Hodges–Lehmann estimate of the per-round log ratios (the median of their
+  pairwise means) with the Wilcoxon signed-rank interval, found by inverting scipy's test.
+  On a shared 2-core host a burst of other work turns a few rounds into 5–10x outliers; a
+  mean-based interval would widen without bound, this one does not (it tolerates up to ~29%
+  of rounds being wild). It assumes the round ratios are symmetric about their centre, which
+  the alternating order gives: a burst is as likely to hit the baseline's block as the
+  candidate's. For that assumption it is 17–31% narrower than the sign test's interval at 12–24
+  rounds (95% efficiency on normal noise against the median's 64%).
 - independent trials: Welch's t interval of the difference of mean log medians (scipy).
 
 Too few units to support the stated confidence gives "inconclusive", never a verdict.
@@ -17,6 +21,7 @@ Too few units to support the stated confidence gives "inconclusive", never a ver
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -61,15 +66,19 @@ def paired_speedup(
     logs = np.log([baseline_ms[r] / candidate_ms[r] for r in rounds]) if rounds else np.array([])
     if logs.size == 0:
         raise ValueError("no round measured both the baseline and the candidate")
-    centre = float(np.exp(np.median(logs)))
+    centre = float(np.exp(np.median(_walsh_averages(logs))))
     spread = _robust_sd(logs)
-    return SpeedupEstimate(centre, _sign_interval(logs, confidence), int(logs.size), True, spread)
+    return SpeedupEstimate(centre, _signed_rank_interval(logs, confidence), int(logs.size), True, spread)
 
 
+@functools.lru_cache(maxsize=16)
 def min_paired_rounds(confidence: float = 0.95) -> int:
-    """Fewest paired rounds whose sign-test interval reaches `confidence` (6 at 95%, 9 at 99%)."""
+    """Fewest paired rounds whose signed-rank interval reaches `confidence` (6 at 95%, 8 at 99%):
+    with fewer, even every round pointing the same way is not significant (p = 2·0.5^n)."""
+    from scipy.stats import wilcoxon
+
     n = 1
-    while _sign_rank(n, confidence) < 1:
+    while wilcoxon(np.arange(1.0, n + 1.0)).pvalue > 1.0 - confidence:
         n += 1
     return n
 
@@ -113,7 +122,7 @@ def verdict_for(estimate: SpeedupEstimate, margin: float, precision: float | Non
 def rounds_needed(estimate: SpeedupEstimate, precision: float, confidence: float = 0.95) -> int | None:
     """Rough count of further units until the half-width reaches `precision` (None: unknown yet).
 
-    Half-width scales as z·sd/√n; the median's interval needs π/2 times the units of a mean's
+    Half-width scales as z·sd/√n; the signed-rank interval needs π/3 times the units of a mean's
     (its efficiency on normal data), an unpaired one twice (two sides' variances). Advice for
     the user ("N more rounds"), not a stopping rule."""
     from scipy.stats import norm
@@ -122,7 +131,7 @@ def rounds_needed(estimate: SpeedupEstimate, precision: float, confidence: float
     if estimate.log_sd is None or estimate.log_sd == 0.0:
         return None if estimate.units < floor else 0
     z = float(norm.ppf(0.5 + confidence / 2.0))
-    scale = math.pi / 2.0 if estimate.paired else 2.0
+    scale = math.pi / 3.0 if estimate.paired else 2.0
     total = math.ceil(scale * (z * estimate.log_sd / precision) ** 2)
     return max(0, max(total, floor) - estimate.units)
 
@@ -150,21 +159,42 @@ def _robust_sd(values: np.ndarray) -> float | None:
     return float(median_abs_deviation(values, scale="normal")) if values.size >= 2 else None
 
 
-def _sign_rank(n: int, confidence: float) -> int:
-    """The 1-based rank k with P(Binomial(n, ½) <= k - 1) <= (1 - confidence) / 2; 0 if none."""
-    from scipy.stats import binom
+def _walsh_averages(logs: np.ndarray) -> np.ndarray:
+    """Every pairwise mean (x_i + x_j) / 2 with i <= j, sorted: the points where the signed-rank
+    statistic of the shifted rounds changes."""
+    i, j = np.triu_indices(logs.size)
+    return np.sort((logs[i] + logs[j]) / 2.0)
 
-    return int(binom.ppf((1.0 - confidence) / 2.0, n, 0.5))
 
+def _signed_rank_interval(logs: np.ndarray, confidence: float) -> tuple[float, float] | None:
+    """The shifts the two-sided Wilcoxon signed-rank test does not reject at 1 - `confidence`.
 
-def _sign_interval(logs: np.ndarray, confidence: float) -> tuple[float, float] | None:
-    """[k-th smallest, k-th largest] log ratio: covers the median ratio with probability
-    1 - 2·P(Bin(n, ½) <= k - 1) >= confidence, whatever the distribution of the rounds."""
-    k = _sign_rank(logs.size, confidence)
-    if k < 1:
-        return None
-    ordered = np.sort(logs)
-    return float(np.exp(ordered[k - 1])), float(np.exp(ordered[logs.size - k]))
+    Shifting the rounds by d between two neighbouring Walsh averages leaves k of them below d;
+    the test's p-value there depends on k alone and rises as k nears the middle, so the smallest
+    accepted k (a binary search, each probe one scipy test) gives [w_k, w_(m-k+1)]."""
+    from scipy.stats import wilcoxon
+
+    if logs.size < min_paired_rounds(confidence):
+        return None  # even every round on one side would not be significant
+    if np.ptp(logs) == 0.0:
+        value = float(np.exp(logs[0]))
+        return value, value
+    walsh = _walsh_averages(logs)
+    m = walsh.size
+    alpha = 1.0 - confidence
+
+    def accepted(k: int) -> bool:  # the shift just above the k-th smallest Walsh average
+        shift = walsh[k - 1] + (walsh[k] - walsh[k - 1]) / 2.0
+        return bool(wilcoxon(logs - shift).pvalue > alpha)
+
+    low, high = 1, max(1, m // 2)
+    while low < high:
+        middle = (low + high) // 2
+        if accepted(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return float(np.exp(walsh[low - 1])), float(np.exp(walsh[m - low]))
 
 
 def _welch_interval(b: np.ndarray, c: np.ndarray, confidence: float) -> tuple[float, float]:
