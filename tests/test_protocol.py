@@ -52,3 +52,7 @@ def test_rounds_stop_on_precision_max_rounds_or_budget_never_before_the_floor() 
     typical = 5.0
     assert stop_reason(p, 6, 6, 2, 30 - typical - CLOSING_S - 0.1, [typical]) == ""
     assert "budget of 30 s" in stop_reason(p, 6, 6, 2, 30 - typical - CLOSING_S + 0.1, [typical])
+    # The next round is budgeted at the rounds' 90th percentile: one long round in ten counts.
+    rounds = [4.0] * 9 + [6.0] * 2
+    assert stop_reason(p, 6, 8, 2, 30 - 6.0 - CLOSING_S - 0.1, rounds) == ""
+    assert "budget of 30 s" in stop_reason(p, 6, 8, 2, 30 - 6.0 - CLOSING_S + 0.1, rounds)

@@ -110,8 +110,8 @@ def protocol_notes(comp: Comparison) -> list[str]:
     if parts:
         lines.append("noise: " + ", ".join(parts) + ".")
     lines += [f"warning: {text}" for text in noise.warnings]
-    lines.append("speedup = baseline time ÷ candidate time, median over paired rounds (geometric mean over trials "
-                 "when unpaired); 'inconclusive' = too few rounds for the noise: raise --budget or loosen --precision.")  # fmt: skip
+    lines.append("speedup = baseline time ÷ candidate time, the paired rounds' Hodges–Lehmann centre (geometric "
+                 "mean over trials when unpaired); 'inconclusive' = too few rounds for the noise: raise --budget or loosen --precision.")  # fmt: skip
     return lines
 
 
