@@ -124,7 +124,7 @@ def open_sessions(
     every core with its intra-op threads, and two such workers side by side spin against each
     other — two bev-perception tiny workers of 2 configurations took 24 s together on 2 cores,
     against about 3 s each alone."""
-    together = builds_together(request.device)
+    together = _device_type(request.device) == "cuda"
     sessions: list[PairedSession] = []
     ready: list[PairedSession] = []
     first_failure: SessionFailed | None = None
@@ -158,14 +158,13 @@ def _wait(session: PairedSession, ready: list[PairedSession], cancel: threading.
     return None
 
 
-def builds_together(device: Any) -> bool:
-    """Whether paired workers for `device` build side by side (CUDA) or one after another (CPU)."""
+def _device_type(device: Any) -> str:
     from workbench.device import resolve_device
 
     try:
-        return resolve_device(device).type == "cuda"
+        return resolve_device(device).type
     except ConfigError:  # the worker reports a bad device as an input error, with the fix
-        return False
+        return "cpu"
 
 
 # --- the worker side ---------------------------------------------------------------

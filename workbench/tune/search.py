@@ -261,22 +261,18 @@ class _Search:
         """The contenders whose protocol floor (a fresh trial each, then the minimum rounds) fits
         `budget_s`, dropping the slowest-ranked first: the protocol always measures its floor, so a
         rung that cannot afford it would overrun the search's budget."""
-        from workbench.measure.session import builds_together
         from workbench.protocol import paired_refusal
 
         fitted = list(contenders)
         trial_s = float(np.median(self.durations)) if self.durations else 0.0
         floor = self.protocol.rounds_floor
-        # Opening the paired workers, each about a trial's start-up and warm-up: side by side on
-        # CUDA, one after another on the CPU.
-        opening_s = trial_s * (1 if builds_together(self.window["device"]) else self.protocol.paired_workers)
         while fitted:
             steps_s = [(base.median_step_ms or 0.0) / 1000.0]
             steps_s += [(screened[c.to_json(sort_keys=True)].median_step_ms or 0.0) / 1000.0 for c in fitted]
             if paired_refusal([self.baseline, *fitted]) is None:
                 blocks = [self.protocol.block_for(s * 1000.0) for s in steps_s]
                 block_s = sum((count + switch) * s for (count, switch), s in zip(blocks, steps_s))
-                rounds_s = floor * block_s + opening_s
+                rounds_s = floor * block_s + trial_s  # + the paired worker
             else:
                 rounds_s = floor * (len(fitted) + 1) * trial_s
             if len(fitted) * trial_s + rounds_s <= budget_s:
