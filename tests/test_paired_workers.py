@@ -51,7 +51,7 @@ def test_rotated_workers_show_the_bias_as_spread_and_give_no_verdict(tmp_path: P
 def test_a_paired_worker_that_fails_to_build_costs_only_the_rotation(tmp_path: Path) -> None:
     """Of two paired workers (consecutive numbers), the odd one fails building its second model:
     the rounds go on in the other, and the stop reason says why there was one worker, not two."""
-    protocol = Protocol(precision=0.03, budget_s=60, block_steps=3, max_rounds=6)
+    protocol = Protocol(precision=0.03, budget_s=60, block_steps=3, max_rounds=6, paired_workers=2)
     outcome = run_comparison(worker_biased_workload(str(tmp_path), fail_odd_paired=True), TrainConfig(),
                              [TrainConfig()], protocol=protocol, steps=3, warmup=1, track_memory=False,
                              store=None)  # fmt: skip
