@@ -66,9 +66,10 @@ def paired_speedup(
     logs = np.log([baseline_ms[r] / candidate_ms[r] for r in rounds]) if rounds else np.array([])
     if logs.size == 0:
         raise ValueError("no round measured both the baseline and the candidate")
-    centre = float(np.exp(np.median(_walsh_averages(logs))))
+    walsh = _walsh_averages(logs)
+    centre = float(np.exp(np.median(walsh)))
     spread = _robust_sd(logs)
-    return SpeedupEstimate(centre, _signed_rank_interval(logs, confidence), int(logs.size), True, spread)
+    return SpeedupEstimate(centre, _signed_rank_interval(logs, walsh, confidence), int(logs.size), True, spread)
 
 
 @functools.lru_cache(maxsize=16)
@@ -166,8 +167,9 @@ def _walsh_averages(logs: np.ndarray) -> np.ndarray:
     return np.sort((logs[i] + logs[j]) / 2.0)
 
 
-def _signed_rank_interval(logs: np.ndarray, confidence: float) -> tuple[float, float] | None:
-    """The shifts the two-sided Wilcoxon signed-rank test does not reject at 1 - `confidence`.
+def _signed_rank_interval(logs: np.ndarray, walsh: np.ndarray, confidence: float) -> tuple[float, float] | None:
+    """The shifts the two-sided Wilcoxon signed-rank test does not reject at 1 - `confidence`
+    (`walsh`: the rounds' sorted Walsh averages, which the centre is the median of).
 
     Shifting the rounds by d between two neighbouring Walsh averages leaves k of them below d;
     the test's p-value there depends on k alone and rises as k nears the middle, so the smallest
@@ -179,12 +181,11 @@ def _signed_rank_interval(logs: np.ndarray, confidence: float) -> tuple[float, f
     if np.ptp(logs) == 0.0:
         value = float(np.exp(logs[0]))
         return value, value
-    walsh = _walsh_averages(logs)
     m = walsh.size
     alpha = 1.0 - confidence
 
     def accepted(k: int) -> bool:  # the shift just above the k-th smallest Walsh average
-        shift = walsh[k - 1] + (walsh[k] - walsh[k - 1]) / 2.0
+        shift = (walsh[k - 1] + walsh[k]) / 2.0
         return bool(wilcoxon(logs - shift).pvalue > alpha)
 
     low, high = 1, max(1, m // 2)
