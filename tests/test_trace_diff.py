@@ -101,12 +101,13 @@ def conv_workload(name: str = "small-conv") -> Workload:
 @pytest.fixture(scope="module")
 def stored_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, int, TrialResult, TrialResult]:
     folder = tmp_path_factory.mktemp("diff")
-    # Four profiled steps: with two, the profiled difference swung from -0.4 to -13 ms between reruns.
-    options = ProfileOptions(wait=0, warmup=1, active=4, trace_dir=str(folder), scan_syncs=False)
+    # Six profiled steps and 16 timed ones: with two and five the profiled difference swung from -0.4
+    # to -13 ms between reruns, and beside a busy core the two windows disagreed (explained share 0.3).
+    options = ProfileOptions(wait=0, warmup=1, active=6, trace_dir=str(folder), scan_syncs=False)
     results = []
     for amp in ("fp32", "bf16"):
         # One intra-op thread: two on a loaded 2-core host make even tiny ops 10-100x slower at random.
-        result = run_trial(conv_workload(), TrainConfig(amp=amp, intra_op_threads=1), warmup=1, steps=8, isolation="inline",
+        result = run_trial(conv_workload(), TrainConfig(amp=amp, intra_op_threads=1), warmup=1, steps=16, isolation="inline",
                            profile=options, track_memory=False)  # fmt: skip
         assert result.status == "ok", result.message
         results.append(result)
