@@ -76,7 +76,7 @@ def test_trials_that_cannot_be_diffed_say_why_and_how_to_fix_it() -> None:
 
 
 class SmallConvNet(nn.Module):
-    """Convolutions make most of the step (about 15-25 ms here), so bf16 moves it by a quarter or
+    """Convolutions make most of the step (10-30 ms here), so bf16 moves it by a quarter or
     more either way: faster on a CPU with native bf16, several times slower on one without."""
 
     def __init__(self) -> None:
