@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import TensorDataset
+from torchao_float8 import torchao_verdicts
 
 from workbench.cli import build_parser
 from workbench.config import CheckpointPolicy, ConfigError, TrainConfig, field_choices
@@ -673,22 +674,40 @@ def test_flex_attention_snippet_routes_attention_fn_modules(tmp_path: Path) -> N
         ns["use_flex_attention"](UserNet())
 
 
-@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
-def test_the_float8_filter_in_the_snippet_agrees_with_the_shape_check(recipe: str) -> None:
-    """The snippet imports torchao (not installed here), so its filter function is run on its own."""
-    from workbench.optimizations.float8 import float8_worth_converting
-
+def snippet_float8_filter(recipe: str) -> Any:
+    """The snippet's `float8_worth_converting`, run on its own (the snippet itself imports torchao)."""
     code = to_snippet(TrainConfig(float8=recipe, compile="default", amp="bf16"))
     assert f'Float8LinearConfig.from_recipe_name("{recipe}")' in code
     tree = ast.parse(code)
     (function,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "float8_worth_converting"]
     ns: dict[str, Any] = {"nn": nn}
     exec(compile(ast.Module([function], type_ignores=[]), "snippet", "exec"), ns)
-    sizes = (16, 1000, 1024, 1040, 2048, 2064, 4096, 4112, 8192)
-    for in_features, out_features in itertools.product(sizes, sizes):
+    return ns["float8_worth_converting"]
+
+
+FLOAT8_SIZES = (16, 1000, 1024, 1040, 2048, 2064, 4096, 4112, 8192)
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_the_float8_filter_in_the_snippet_agrees_with_the_shape_check(recipe: str) -> None:
+    from workbench.optimizations.float8 import float8_worth_converting
+
+    keep = snippet_float8_filter(recipe)
+    for in_features, out_features in itertools.product(FLOAT8_SIZES, FLOAT8_SIZES):
         linear = nn.Linear(in_features, out_features, device="meta")
         expected = float8_worth_converting(in_features, out_features, recipe)[0]
-        assert ns["float8_worth_converting"](linear, "layer") is expected, (in_features, out_features)
+        assert keep(linear, "layer") is expected, (in_features, out_features)
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_the_float8_filter_in_the_snippet_is_torchaos_filter(recipe: str) -> None:
+    """The truth is torchao's own `_auto_filter_for_recipe`, not the workbench's copy of its rule."""
+    keep = snippet_float8_filter(recipe)
+    shapes = list(itertools.product(FLOAT8_SIZES, FLOAT8_SIZES))
+    truth = torchao_verdicts(shapes, recipe)
+    ours = [keep(nn.Linear(i, o, device="meta"), "layer") for i, o in shapes]
+    wrong = [shape for shape, mine, theirs in zip(shapes, ours, truth, strict=True) if mine != theirs]
+    assert not wrong, f"(in, out) where the snippet's filter differs from torchao's: {wrong}"
 
 
 def test_the_offload_snippet_wraps_the_named_modules_after_checkpointing(tmp_path: Path) -> None:

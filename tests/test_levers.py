@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torchao_float8 import torchao_verdicts
 
 from workbench.config import ConfigError, TrainConfig
 from workbench.measure.memory import saved_for_backward_bytes
@@ -250,15 +251,17 @@ def test_flex_attention_is_refused_on_cpu_with_the_reason_and_needs_compile() ->
 @pytest.mark.parametrize(
     ("in_features", "out_features", "recipe", "convert"),
     [
+        # torchao reads N, K = weight.shape: N is out_features, K is in_features.
         (4096, 4096, "tensorwise", True),  # a 4096-wide transformer's projection
-        (1024, 4096, "tensorwise", False),  # small on both of tensorwise's axes
-        (1024, 8192, "tensorwise", True),  # out > 4096
-        (2048, 1024, "tensorwise", True),  # in > 1024
+        (4096, 16, "tensorwise", False),  # K <= 4096 and N <= 1024: a small head
+        (8192, 16, "tensorwise", True),  # K > 4096
+        (1024, 2048, "tensorwise", True),  # N > 1024
         (4096, 4096, "rowwise", True),
-        (2048, 8192, "rowwise", False),  # in <= 2048: rowwise's casts dominate
-        (8192, 1024, "rowwise", False),  # out <= 1024
-        (4096, 2048, "rowwise", False),  # in <= 4096 and out <= 2048
-        (8192, 2048, "rowwise", True),  # in > 4096
+        (4096, 2048, "rowwise", False),  # torchao's own test case: "N exactly 2048" is rejected
+        (8192, 1024, "rowwise", False),  # N <= 2048
+        (1024, 8192, "rowwise", False),  # K <= 1024
+        (2048, 4096, "rowwise", False),  # N <= 4096 and K <= 2048
+        (2048, 8192, "rowwise", True),  # N > 4096
         (4100, 8192, "tensorwise", False),  # 4100 is not a multiple of 16
         (256, 1024, "rowwise", False),  # the tiny presets' widths: nothing to gain
     ],
@@ -271,6 +274,25 @@ def test_float8_shape_check_classifies_analytic_examples(
     verdict, reason = float8_worth_converting(in_features, out_features, recipe)
     assert verdict is convert, reason
     assert f"{in_features}->{out_features}" in reason
+
+
+FLOAT8_SIZES = (16, 1000, 1024, 1040, 2048, 2064, 4096, 4112, 8192)
+"""Every threshold of both recipes, one multiple of 16 past it, and a width that is not one."""
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_float8_shape_check_is_torchaos_own_filter(recipe: str) -> None:
+    """The truth is torchao's `_auto_filter_for_recipe`, the filter its own recipes use."""
+    import itertools
+
+    from workbench.optimizations.float8 import float8_worth_converting
+
+    shapes = list(itertools.product(FLOAT8_SIZES, FLOAT8_SIZES))
+    truth = torchao_verdicts(shapes, recipe)
+    ours = [float8_worth_converting(i, o, recipe)[0] for i, o in shapes]
+    wrong = [(shape, mine) for shape, mine, theirs in zip(shapes, ours, truth, strict=True) if mine != theirs]
+    assert not wrong, f"(in, out) where our verdict differs from torchao's: {wrong}"
+    assert any(truth) and not all(truth)  # the grid straddles the thresholds
 
 
 def test_float8_plan_and_module_filter_agree_and_skip_by_name() -> None:

@@ -497,15 +497,15 @@ def _add_float8(snippet: _Snippet, recipe: str) -> None:
         rule = [
             "    # Smaller GEMMs lose: the casts cost more than the float8 GEMM saves (torchao's",
             "    # thresholds for tensorwise scales, measured on H100).",
-            "    return out_features > 4096 or in_features > 1024",
+            "    return in_features > 4096 or out_features > 1024",
         ]
     else:
         rule = [
             "    # Smaller GEMMs lose: the casts cost more than the float8 GEMM saves (torchao's",
             "    # thresholds for rowwise scales, measured on H100).",
-            "    if in_features <= 2048 or out_features <= 1024:",
+            "    if out_features <= 2048 or in_features <= 1024:",
             "        return False",
-            "    return in_features > 4096 or out_features > 2048",
+            "    return out_features > 4096 or in_features > 2048",
         ]
     snippet.functions.append(
         "\n".join(

@@ -43,21 +43,23 @@ def float8_worth_converting(in_features: int, out_features: int, recipe: str) ->
 
     float8 GEMMs need every dimension divisible by 16. Below the size thresholds torchao measured
     on H100 (its `_auto_filter_for_recipe`), the casts cost more than the faster GEMM saves.
+    torchao reads `N, K = weight.shape`: N is out_features, K is in_features.
     """
     shape = f"{in_features}->{out_features}"
-    if in_features % 16 or out_features % 16:
+    n, k = out_features, in_features
+    if k % 16 or n % 16:
         return False, f"{shape}: float8 GEMMs need both dimensions divisible by 16"
     if recipe == "tensorwise":
-        if out_features <= 4096 and in_features <= 1024:
-            return False, f"{shape}: too small for tensorwise (gains need out > 4096 or in > 1024)"
+        if k <= 4096 and n <= 1024:
+            return False, f"{shape}: too small for tensorwise (gains need in > 4096 or out > 1024)"
         return True, f"{shape}: large enough for tensorwise float8"
     if recipe == "rowwise":
-        if in_features <= 2048:
-            return False, f"{shape}: too small for rowwise (gains need in > 2048)"
-        if out_features <= 1024:
-            return False, f"{shape}: too small for rowwise (gains need out > 1024)"
-        if in_features <= 4096 and out_features <= 2048:
-            return False, f"{shape}: too small for rowwise (gains need in > 4096 or out > 2048)"
+        if n <= 2048:
+            return False, f"{shape}: too small for rowwise (gains need out > 2048)"
+        if k <= 1024:
+            return False, f"{shape}: too small for rowwise (gains need in > 1024)"
+        if n <= 4096 and k <= 2048:
+            return False, f"{shape}: too small for rowwise (gains need out > 4096 or in > 2048)"
         return True, f"{shape}: large enough for rowwise float8"
     raise ConfigError(f"float8 recipe must be 'tensorwise' or 'rowwise', got {recipe!r}")
 
