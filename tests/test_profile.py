@@ -220,3 +220,25 @@ def test_profiled_window_keeps_the_op_table_and_one_steps_memory_timeline(
     timeline = profile["memory_timeline"]
     assert [p["phase"] for p in timeline["phases"]] == ["data", "forward", "backward", "optimizer"]
     assert max(timeline["total_bytes"]) == timeline["peak"]["total_bytes"] > 0
+
+
+def test_op_table_dtypes_come_from_the_kineto_events_when_function_events_lack_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch < 2.13 (the GPU machine's 2.11): `FunctionEvent` has no `input_dtypes` attribute."""
+    from torch.autograd.profiler_util import FunctionEvent
+
+    built = FunctionEvent.__init__
+
+    def without_input_dtypes(self: Any, *args: Any, **kwargs: Any) -> None:
+        built(self, *args, **kwargs)
+        del self.input_dtypes
+
+    monkeypatch.setattr(FunctionEvent, "__init__", without_input_dtypes)
+    options = ProfileOptions(wait=0, warmup=1, active=2, trace_dir=str(tmp_path))
+    result = run_trial(mlp_workload(), TrainConfig(amp="bf16"), warmup=1, steps=2, isolation="inline", profile=options)
+    assert result.profile is not None
+    ops = {row["name"]: row for row in result.profile["op_table"]}
+    # Autocast runs fc1 and fc2 in bfloat16; the casts' inputs are the float32 weights and batch.
+    assert "bfloat16" in ops["aten::addmm"]["dtypes"], ops["aten::addmm"]
+    assert "float32" in ops["aten::_to_copy"]["dtypes"], ops["aten::_to_copy"]

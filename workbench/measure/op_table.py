@@ -8,6 +8,7 @@ times only, so nested ops are never counted twice and the rows add up to the ste
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 #: The profiler's spelling of tensor dtypes -> torch's; scalar argument types ('Scalar', 'long int') are left out.
@@ -21,10 +22,17 @@ _DTYPES = {
 }
 
 
-def op_table(events: list[Any], device_type: str, active_steps: int, skip: tuple[str, ...]) -> list[dict[str, Any]]:
+def op_table(
+    events: list[Any],
+    device_type: str,
+    active_steps: int,
+    skip: tuple[str, ...],
+    dtypes_by_name: Mapping[str, set[str]] | None = None,
+) -> list[dict[str, Any]]:
     """Host-side operators by name: self time per step (device self time on CUDA), calls, dtypes.
 
     `skip` names annotations that are not operators (our phase ranges, ProfilerStep#N).
+    `dtypes_by_name` (`kineto_dtypes`) stands in for events without `input_dtypes` (torch < 2.13).
     """
     from torch.autograd import DeviceType
 
@@ -39,8 +47,34 @@ def op_table(events: list[Any], device_type: str, active_steps: int, skip: tuple
         row["self_us"] += float(event.self_device_time_total if on_device else event.self_cpu_time_total)
         row["host_us"] += float(event.self_cpu_time_total)
         row["calls"] += 1
-        row["dtypes"].update(_DTYPES[d] for d in (getattr(event, "input_dtypes", None) or []) if d in _DTYPES)
+        if hasattr(event, "input_dtypes"):
+            row["dtypes"].update(_DTYPES[d] for d in (event.input_dtypes or []) if d in _DTYPES)
+        elif dtypes_by_name:
+            row["dtypes"].update(dtypes_by_name.get(event.name, ()))
     return [_per_step(row, active_steps) for row in sorted(rows.values(), key=lambda r: -r["self_us"])]
+
+
+def kineto_dtypes(prof: Any, events: list[Any]) -> dict[str, set[str]]:
+    """Each host operator's input dtypes by name, read from the kineto events; {} when not needed.
+
+    The profiler's `FunctionEvent` carries `input_dtypes` only from torch 2.13; before, every row's
+    dtypes would be empty and an autocast change ("float32 -> bfloat16") would never show in a
+    diff. The kineto events underneath have had `dtypes()` far longer (2.11 has it). The op table
+    groups by name, so joining by name gives the same union of dtypes per row.
+    """
+    from torch.autograd import DeviceType
+
+    if not events or hasattr(events[0], "input_dtypes"):
+        return {}
+    results = getattr(getattr(prof, "profiler", None), "kineto_results", None)
+    if results is None:
+        return {}
+    by_name: dict[str, set[str]] = {}
+    for event in results.events():
+        if event.device_type() != DeviceType.CPU or not hasattr(event, "dtypes"):
+            continue
+        by_name.setdefault(event.name(), set()).update(_DTYPES[d] for d in event.dtypes() if d in _DTYPES)
+    return by_name
 
 
 def kernel_table(events: list[Any], active_steps: int) -> list[dict[str, Any]]:

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workbench.measure.op_table import kernel_table, op_table
+from workbench.measure.op_table import kernel_table, kineto_dtypes, op_table
 from workbench.measure.step_timeline import step_timeline
 from workbench.measure.timing import synchronize
 
@@ -245,7 +245,7 @@ def _summarize(prof: Any, device_type: str, options: ProfileOptions, floor_us: f
     summary.step_ms = [e.time_range.elapsed_us() / 1000.0 for e in steps]
     summary.phase_share = _phase_share(events)
     summary.top_ops = top_operators(prof, device_type, active, options.top_k)
-    summary.op_table = op_table(events, device_type, active, _NOT_OPERATORS)
+    summary.op_table = op_table(events, device_type, active, _NOT_OPERATORS, kineto_dtypes(prof, events))
     summary.step_timeline = step_timeline(events, RANGE_PREFIX, max_steps=options.timeline_steps)
     if device_type == "cuda":
         summary.kernel_table = kernel_table(events, active)
