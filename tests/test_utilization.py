@@ -318,3 +318,50 @@ def test_a_window_that_fails_leaves_no_sampling_thread_behind() -> None:
     assert result.status == "error" and "boom" in result.message
     assert result.utilization is None and result.timed_window is None
     assert not [t for t in threading.enumerate() if t.name == "workbench-window-probe"]
+
+
+# --- NVML's utilization samples: only those wholly inside the window ------------------------
+
+PERIOD_US = 166_667  # NVML's shortest sample period, 1/6 s
+
+
+def _nvml_series(busy_from_s: float, until_s: float) -> list[tuple[int, float]]:
+    """Samples every 1/6 s from t=0: the GPU idles until `busy_from_s`, then runs kernels throughout.
+
+    Each value is the busy share of the period that ends at its timestamp, as NVML reports it.
+    """
+    series, stamp = [], 0
+    while stamp <= until_s * 1e6:
+        begin = stamp - PERIOD_US
+        busy_us = max(0.0, stamp - max(begin, busy_from_s * 1e6))
+        series.append((stamp, round(100.0 * busy_us / PERIOD_US, 3)))
+        stamp += PERIOD_US
+    return series
+
+
+def test_only_nvml_samples_whose_period_lies_inside_the_window_count() -> None:
+    from workbench.measure.utilization import samples_inside, window_utilization
+
+    series = _nvml_series(busy_from_s=1.05, until_s=4.0)  # the window starts with the kernels at 1.05 s
+    # The sample at 1.1667 s covers 1.0-1.1667 s, 0.05 s of it idle before the window: 70% busy.
+    # A reading that looks back over NVML's period (nvmlDeviceGetUtilizationRates) would count it.
+    assert series[7] == (1_166_669, pytest.approx(70.0, abs=0.1))
+    inside = samples_inside(series, 1.05, 2.6)
+    # Periods ending 1.3333 ... 2.5 s begin at or after 1.1667 s: 8 samples, every one 100% busy.
+    assert inside == [100.0] * 8
+    long = window_utilization(series, (1.05, 2.6))
+    assert long["spread"] == {"median": 100.0, "p10": 100.0, "p90": 100.0} and not long["reason"]
+    assert long["sample_period_s"] == pytest.approx(1 / 6, rel=1e-3)
+    short = window_utilization(series, (1.05, 1.5))  # 0.45 s: one whole period fits
+    assert short["spread"] is None and short["samples_inside"] == 1
+    assert short["reason"].startswith("window too short for NVML's sampling")
+
+
+def test_a_window_too_short_for_nvml_is_said_instead_of_a_host_bound_finding() -> None:
+    from workbench.analysis.diagnose import diagnose
+
+    too_short = "window too short for NVML's sampling: 1 utilization sample(s) (one every 0.17 s) fell wholly inside"
+    utilization = {"cpu": None, "gpu": {"util_pct": None, "util_reason": too_short}, "gpu_reason": ""}
+    diagnosis = diagnose(_for_diagnosis("cuda", 8.0, 0.1, utilization))
+    assert not [f for f in diagnosis.findings if "NVML" in f.summary or "under-used" in f.title]
+    assert any("window too short for NVML's sampling" in note for note in diagnosis.notes), diagnosis.notes

@@ -89,3 +89,50 @@ def test_nvml_utilization_and_energy_per_step_on_a_matmul_loop() -> None:
     monitor_joules = float(np.mean(inside)) * (end - start)
     assert energy["joules"] == pytest.approx(monitor_joules, rel=0.2)
     assert 50.0 <= energy["mean_power_w"] <= 1500.0
+
+
+class IdlesThenLoops(MatmulLoop):
+    """10 of the loop's matmuls a step (~15-30 ms on an H100/H200: short enough for the host-bound
+    check to apply); the first (warm-up) step ends with the GPU idle for 1.5 s."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            for _ in range(10):
+                torch.mm(self.a, self.a, out=self.out)
+        out = self.linear(x)
+        self.calls += 1
+        if self.calls == 1:
+            torch.cuda.synchronize()
+            time.sleep(1.5)
+        return out
+
+
+def test_a_short_window_after_idle_time_is_not_called_host_bound() -> None:
+    """NVML's samples cover the period before their timestamp: a window of 6 busy steps (~0.1-0.2 s)
+    right after 1.5 s of idling must not report the idle time as the window's. The truth is the
+    workload itself: back-to-back 8192² bf16 matmuls keep the GPU busy throughout each step."""
+    from workbench.analysis.diagnose import diagnose
+
+    workload = Workload.from_callables(
+        model_fn=IdlesThenLoops,
+        batch_fn=lambda n, g: (torch.randn(n, 16, generator=g), torch.randn(n, 1, generator=g)),
+        loss_fn=lambda out, batch: nn.functional.mse_loss(out, batch[1]),
+        batch_size=8,
+        name="idles-then-loops",
+    )
+    result = run_trial(workload, TrainConfig(), steps=6, warmup=1, device="cuda", track_memory=False,
+                       isolation="inline")  # fmt: skip
+    assert result.ok, result.message
+    gpu = (result.utilization or {}).get("gpu")
+    assert gpu is not None, (result.utilization or {}).get("gpu_reason")
+    if gpu["util_pct"] is None:
+        assert gpu["util_reason"].startswith("window too short for NVML's sampling"), gpu
+    else:
+        assert gpu["util_pct"]["median"] >= 90.0, gpu
+    assert result.median_step_ms < 50.0  # short steps: where the diagnosis would call an idle GPU host-bound
+    diagnosis = diagnose(result)
+    assert not [f for f in diagnosis.findings if f.title == "GPU under-used: host-bound"], diagnosis.to_text()

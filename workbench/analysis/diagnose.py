@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from workbench.analysis import recommend
-from workbench.analysis.diagnose_utilization import utilization_findings
+from workbench.analysis.diagnose_utilization import utilization_findings, utilization_notes
 from workbench.analysis.flops import FlopCount, Mfu, model_flops_utilization
 from workbench.analysis.recommend import Recommendation
 from workbench.config import TrainConfig, resolved_optimizer_impl
@@ -154,6 +154,7 @@ def diagnose(result: TrialResult, flops: FlopCount | int | None = None) -> Diagn
     ]
     kept = [f for f in findings if f is not None]
     kept += utilization_findings(ctx, result, kept)
+    notes += utilization_notes(result)
     kept.sort(key=lambda f: (f.severity != "bottleneck", -f.score))
     if profile.get("syncs", {}).get("error"):
         notes.append(f"sync scan failed: {profile['syncs']['error']}")

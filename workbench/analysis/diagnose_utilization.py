@@ -36,6 +36,13 @@ def utilization_findings(ctx: recommend.Context, result: TrialResult, findings: 
     return [f for f in found if f is not None]
 
 
+def utilization_notes(result: TrialResult) -> list[str]:
+    """Why the GPU's utilization could not be judged (a window too short for NVML's sampling), if so."""
+    gpu = (result.utilization or {}).get("gpu") or {}
+    reason = gpu.get("util_reason") or ""
+    return [f"GPU utilization not judged: {reason}"] if reason and gpu.get("util_pct") is None else []
+
+
 def _gpu_underused(ctx: recommend.Context, gpu: dict[str, Any] | None, findings: list[Finding]) -> Finding | None:
     from workbench.analysis.diagnose import Finding
 

@@ -4,9 +4,13 @@
 synchronization, so warm-up and compile never enter it. The means come from two readings,
 one at each end (CPU time of the trial's process tree and of the whole host; on CUDA the
 GPU's total-energy counter), so they do not depend on a thread's timing; a daemon thread
-samples at 10 Hz in between only for the spread (median, p10–p90) and for NVML's
-utilization, clock and memory, which have no cumulative counter. The trade-off: about a
-tenth of a millisecond of CPU per sample against a spread that one pair of readings lacks.
+samples at 10 Hz in between only for the spread (median, p10–p90) and for the GPU's clock and
+memory, which have no cumulative counter. The trade-off: about a tenth of a millisecond of CPU
+per sample against a spread that one pair of readings lacks. NVML's utilization is read once,
+at the end, from its own sample buffer (`nvmlDeviceGetSamples`): each of its samples covers the
+sample period (1/6 s to 1 s) before its timestamp, so only samples whose whole period lies
+inside the window are kept, and a window shorter than a few periods gets no figure, with the
+reason, rather than one that counts the idle time before the window.
 """
 
 from __future__ import annotations
@@ -26,6 +30,12 @@ from workbench.measure.hostload import _machine_busy_s
 RATE_HZ = 10.0
 #: The descendant processes (DataLoader workers) are re-listed every this many samples.
 RELIST_EVERY = 10
+#: NVML utilization samples whose whole period lies inside the window, below which the window
+#: is too short for NVML's sampling and no utilization figure is given.
+MIN_NVML_SAMPLES = 3
+#: How far before the window NVML's buffer is asked from: the sample before the window's start
+#: tells where the first sample inside it began.
+NVML_LOOKBACK_S = 2.0
 
 
 def spread(values: list[float]) -> dict[str, float] | None:
@@ -87,13 +97,13 @@ class WindowProbe:
         end_wall = time.time()
         self._readings.append(end)
         if self._gpu is not None:
-            self._gpu_samples.append(self._gpu.read())  # NVML's figures look back: this one covers the window's end
+            self._gpu_samples.append(self._gpu.read())
         self.window = (self._begin_wall, end_wall)
         cpu = cpu_figures(self._readings, cores_available(), self._psutil.cpu_count() or 1)
         cpu["torch_threads"] = _torch_threads()
         self.utilization = {"cpu": cpu}
         if self._gpu is not None:
-            self.utilization["gpu"] = self._gpu.summary(self._gpu_samples)
+            self.utilization["gpu"] = self._gpu.summary(self._gpu_samples, self.window)
         else:
             self.utilization["gpu"] = None
         self.utilization["gpu_reason"] = "" if self._gpu is not None and self._gpu.handle else _gpu_reason(self._gpu)
@@ -155,6 +165,37 @@ def cpu_figures(readings: list[tuple[float, float, float]], cores: int, host_cor
         "method": "CPU time of the trial process and its live child processes ÷ wall time of the timed window; "
         "host = busy time of all cores (psutil.cpu_times)",
     }
+
+
+def samples_inside(samples: list[tuple[int, float]], start_s: float, end_s: float) -> list[float]:
+    """Values of the NVML samples `(timestamp µs, value)` whose whole period lies in [start, end].
+
+    A sample's value covers the time since the sample before it, so the first sample after the
+    window's start still counts time from before it: it is dropped, as is any sample without a
+    predecessor in the buffer (where its period began is unknown).
+    """
+    ordered = sorted(samples)
+    start_us, end_us = start_s * 1e6, end_s * 1e6
+    return [
+        value for (before, _), (stamp, value) in itertools.pairwise(ordered) if before >= start_us and stamp <= end_us
+    ]
+
+
+def window_utilization(samples: list[tuple[int, float]], window: tuple[float, float]) -> dict[str, Any]:
+    """{'spread', 'samples_inside', 'sample_period_s', 'reason'} of one NVML utilization series."""
+    stamps = sorted(stamp for stamp, _ in samples)
+    period = float(np.median(np.diff(stamps))) / 1e6 if len(stamps) > 1 else None
+    inside = samples_inside(samples, *window)
+    figures: dict[str, Any] = {"spread": None, "samples_inside": len(inside), "sample_period_s": period, "reason": ""}
+    if len(inside) >= MIN_NVML_SAMPLES:
+        figures["spread"] = spread(inside)
+    else:
+        every = f"one every {period:.2f} s" if period else "none in its buffer"
+        figures["reason"] = (
+            f"window too short for NVML's sampling: {len(inside)} utilization sample(s) ({every}) fell wholly inside "
+            f"the {window[1] - window[0]:.2f} s window, {MIN_NVML_SAMPLES} needed: time more steps"
+        )
+    return figures
 
 
 def energy_figures(
@@ -260,26 +301,51 @@ class _GpuReader:
         nv, handle = self._nvml, self.handle
         if handle is None:
             return {}
-        util = self._call(nv.nvmlDeviceGetUtilizationRates, handle)
         memory = self._call(nv.nvmlDeviceGetMemoryInfo, handle)
         clock = self._call(nv.nvmlDeviceGetClockInfo, handle, nv.NVML_CLOCK_SM)
         return {
-            "util_pct": None if util is None else float(util.gpu),
-            "mem_util_pct": None if util is None else float(util.memory),
             "sm_clock_mhz": None if clock is None else float(clock),
             "mem_used_bytes": None if memory is None else float(memory.used),
         }
 
-    def summary(self, samples: list[dict[str, float | None]]) -> dict[str, Any] | None:
+    def utilization_samples(self, kind: int, since_s: float) -> list[tuple[int, float]] | None:
+        """NVML's buffered samples of `kind` newer than `since_s` as (timestamp µs, value); None if unsupported."""
+        try:
+            value_type, samples = self._nvml.nvmlDeviceGetSamples(self.handle, kind, int(since_s * 1e6))
+        except self._nvml.NVMLError as exc:
+            if getattr(exc, "value", None) == getattr(self._nvml, "NVML_ERROR_NOT_FOUND", object()):
+                return []  # no sample newer than `since_s`
+            return None
+        field = _NVML_VALUE_FIELDS.get(int(value_type), "uiVal")
+        return [(int(s.timeStamp), float(getattr(s.sampleValue, field))) for s in samples]
+
+    def summary(self, samples: list[dict[str, float | None]], window: tuple[float, float]) -> dict[str, Any] | None:
         if self.index is None:
             return None
         figures: dict[str, Any] = {"nvml_index": self.index, "name": self.name, "samples": len(samples)}
-        for key in ("util_pct", "mem_util_pct", "sm_clock_mhz", "mem_used_bytes"):
+        nv, reasons = self._nvml, []
+        for key, kind in (
+            ("util_pct", nv.NVML_GPU_UTILIZATION_SAMPLES),
+            ("mem_util_pct", nv.NVML_MEMORY_UTILIZATION_SAMPLES),
+        ):
+            series = self.utilization_samples(kind, window[0] - NVML_LOOKBACK_S)
+            if series is None:
+                figures[key] = None
+                reasons.append(f"{key}: this GPU does not give NVML utilization samples")
+                continue
+            util = window_utilization(series, window)
+            figures[key] = util["spread"]
+            figures[f"{key}_samples"] = util["samples_inside"]
+            figures["nvml_sample_period_s"] = util["sample_period_s"]
+            if util["reason"]:
+                reasons.append(util["reason"])
+        figures["util_reason"] = "; ".join(dict.fromkeys(reasons))
+        for key in ("sm_clock_mhz", "mem_used_bytes"):
             figures[key] = spread([v for s in samples if (v := s.get(key)) is not None])
         figures["method"] = (
-            "NVML utilization (share of time a kernel ran / memory was read or written), SM clock and memory used, "
-            "sampled at 10 Hz inside the timed window on this trial's GPU; each reading looks back over NVML's "
-            "own sample period (1/6 s to 1 s)"
+            "NVML utilization (share of time a kernel ran / memory was read or written) from NVML's own samples "
+            "whose whole sample period lies inside the timed window; SM clock and memory used sampled at 10 Hz "
+            "inside the window on this trial's GPU"
         )
         return figures
 
@@ -288,6 +354,10 @@ class _GpuReader:
             return fn(*args)
         except self._nvml.NVMLError:  # NOT_SUPPORTED on this GPU
             return None
+
+
+#: nvmlValueType_t -> the field of nvmlValue_t that holds it.
+_NVML_VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 
 def _handle_for(nvml: Any, device: Any) -> Any:
