@@ -468,9 +468,20 @@ def _add_offload(snippet: _Snippet) -> None:
     """`offload_modules`; mirrors `optimizations.offload`."""
     snippet.imports |= {"import fnmatch", "import functools"}
     snippet.functions += [
+        "def _pack_to_host(tensor: torch.Tensor) -> tuple[torch.device, torch.Tensor]:\n"
+        "    # Into pinned host memory without making the host wait (torch < 2.13's save_on_cpu\n"
+        "    # blocks here); queued on the compute stream, so the GPU pays the copy's time.\n"
+        "    if not tensor.is_cuda or tensor.is_sparse:\n"
+        "        return tensor.device, tensor.cpu()\n"
+        "    packed = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout, pin_memory=True)\n"
+        "    packed.copy_(tensor, non_blocking=True)\n"
+        "    return tensor.device, packed",
+        "def _unpack_to_device(packed: tuple[torch.device, torch.Tensor]) -> torch.Tensor:\n"
+        "    device, tensor = packed\n"
+        "    return tensor.to(device, non_blocking=True)",
         "def _offloaded(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:\n"
         "    # What autograd saves in here is copied to pinned host memory and back for backward.\n"
-        "    with torch.autograd.graph.save_on_cpu(pin_memory=True):\n"
+        "    with torch.autograd.graph.saved_tensors_hooks(_pack_to_host, _unpack_to_device):\n"
         "        return forward(*args, **kwargs)",
         "def offload_modules(model: nn.Module, target: str) -> list[str]:\n"
         '    """Keep the activations saved inside every module matching `target` (a class\n'

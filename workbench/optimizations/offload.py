@@ -1,11 +1,13 @@
 """Activation offload: tensors that autograd saves inside chosen modules wait in host memory.
 
-Trades PCIe time for device memory: each saved activation is copied to pinned host memory
-during forward and back to the GPU when backward needs it (`torch.autograd.graph.save_on_cpu`).
-Targets are chosen as for activation checkpointing (a class name, a name glob or the workload's
-block), and the patch is the same kind: the target's own `forward` is wrapped in place, so
-names, types and `state_dict` keys are unchanged. Under torch.compile dynamo does not trace the
-hook context: each offloaded module ends a graph (a graph break), which the step's time shows.
+Trades PCIe time for device memory: each saved activation is copied into pinned host memory during
+forward and back to the GPU when backward needs it. Both copies are `non_blocking` (the host never
+waits for them) and run on the compute stream, so the GPU does not overlap them with kernels: the
+step pays their transfer time in full; what offload buys is device memory. Targets are chosen as
+for activation checkpointing (a class name, a name glob or the workload's block), and the patch is
+the same kind: the target's own `forward` is wrapped in place, so names, types and `state_dict`
+keys are unchanged. Under torch.compile dynamo does not trace the hook context: each offloaded
+module ends a graph (a graph break), which the step's time shows.
 """
 
 from __future__ import annotations
@@ -25,9 +27,31 @@ _MARK = "_workbench_offload"
 """Attribute set on a wrapped module, so offloading is never applied twice."""
 
 
+def _pack_to_host(pin_memory: bool, tensor: torch.Tensor) -> tuple[torch.device, torch.Tensor]:
+    """Copy a saved CUDA tensor into pinned host memory without making the host wait.
+
+    Not `torch.autograd.graph.save_on_cpu`: before torch 2.13 (pytorch/pytorch#175421) its pack is
+    a plain `copy_`, one host synchronization per saved tensor. The copy is queued on the current
+    stream, so the caching allocator cannot hand the source's memory to a later kernel before the
+    copy has read it, and the copy back in backward is queued after it on the same stream.
+    """
+    if not (pin_memory and tensor.is_cuda and not tensor.is_sparse):
+        return tensor.device, tensor.cpu()
+    packed = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout, pin_memory=True)
+    packed.copy_(tensor, non_blocking=True)
+    return tensor.device, packed
+
+
+def _unpack_to_device(pin_memory: bool, packed: tuple[torch.device, torch.Tensor]) -> torch.Tensor:
+    device, tensor = packed
+    return tensor.to(device, non_blocking=pin_memory)
+
+
 def _offloaded_forward(forward: Callable[..., Any], pin_memory: bool, *args: Any, **kwargs: Any) -> Any:
     """The patched `forward`: what autograd saves inside it is packed into host memory."""
-    with torch.autograd.graph.save_on_cpu(pin_memory=pin_memory):
+    pack = functools.partial(_pack_to_host, pin_memory)
+    unpack = functools.partial(_unpack_to_device, pin_memory)
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         return forward(*args, **kwargs)
 
 
@@ -46,7 +70,8 @@ def apply_activation_offload(
 ) -> Applied:
     """Wrap every outermost module matching `target` so its saved activations go to host memory.
 
-    Pinned memory (the default) lets the copies run asynchronously; it needs CUDA.
+    Pinned memory (the default; it needs CUDA) lets the copies leave the host free; without it each
+    copy to the host waits for the GPU.
     """
     try:
         resolved = resolve_target(target, workload_target, workload_name)
