@@ -12,9 +12,10 @@
      moves a whole process moves both sides of a ratio. Rounds rotate between `paired_workers`
      such workers, so the bias one worker holds for its whole life lands in the spread.
    - `processes` design: a unit is a fresh worker's trial. Needed for distributed trials
-     (torchrun) and DataLoader workers (idle configurations' loader processes would load
-     the CPU while another is timed); slower to converge, since every unit carries its
-     process's own ±10–20%.
+     (torchrun), DataLoader workers (idle configurations' loader processes would load
+     the CPU while another is timed) and compiled configurations that differ in a setting
+     dynamo does not guard (`UNGUARDED_BY_DYNAMO`); slower to converge, since every unit
+     carries its process's own ±10–20%.
 3. **Verdict** from `analysis.compare.compare_units`: the signed-rank interval over paired
    rounds, Welch's over process units; too few units is "inconclusive", with how many more
    rounds the noise seen calls for.
@@ -177,8 +178,26 @@ class ComparisonRun:
         }
 
 
+#: Settings that change what torch.compile builds but that dynamo's guards never check. Two
+#: compiled configurations differing only in one of them would share one compiled graph in a
+#: paired worker: dynamo keys its cache on the forward's code and guards on tensors and global
+#: state, so the configuration built second reuses the graph (and the partitioning) of the first,
+#: and the paired rounds time one graph on both sides. Resetting dynamo between the builds would
+#: not help: the rounds alternate between the models, and whichever compiled last would serve both.
+#: So such comparisons run in fresh processes, one compilation each.
+UNGUARDED_BY_DYNAMO = ("activation_memory_budget",)
+
+
 def paired_refusal(configs: Sequence[TrainConfig]) -> str | None:
     """Why these configurations cannot share one worker honestly (None: they can)."""
+    compiled = [config for config in configs if config.compile != "off"]
+    for name in UNGUARDED_BY_DYNAMO:
+        values = sorted({getattr(config, name) for config in compiled})
+        if len(values) > 1:
+            return (
+                f"the compiled configurations differ in {name} ({', '.join(map(str, values))}), which dynamo does "
+                "not guard: in one worker they would all run the graph compiled first"
+            )
     for config in configs:
         if config.strategy != "none":
             return f"strategy={config.strategy} runs in torchrun processes"

@@ -7,7 +7,9 @@ so it is a compile lever. The knob is a private PyTorch config
 (`torch._functorch.config.activation_memory_budget`); this is the one module that touches it.
 Dynamo does not guard its compiled code on this setting: in one process a second model of the
 same class reuses the first one's graph and its partitioning. Trials run in fresh workers, so
-each compiles its own; an inline trial after another compiled one of the same workload does not.
+each compiles its own, and the comparison protocol never pairs configurations that differ in it
+(`protocol.UNGUARDED_BY_DYNAMO`); an inline trial after another compiled one of the same workload
+does not compile its own.
 """
 
 from __future__ import annotations
