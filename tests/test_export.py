@@ -342,7 +342,8 @@ def test_the_usage_example_runs_as_written(config: TrainConfig, tmp_path: Path) 
 def test_cuda_graphs_snippet_fails_clearly_without_cuda(tmp_path: Path) -> None:
     config = TrainConfig(cuda_graphs=True, amp="bf16")
     code = to_snippet(config)
-    assert "torch.cuda.graph(graph)" in code and "capturable=True" in code
+    # thread_local: the default "global" mode fails if a DataLoader's pin-memory thread allocates mid-capture.
+    assert 'torch.cuda.graph(graph, capture_error_mode="thread_local")' in code and "capturable=True" in code
     with pytest.raises(ConfigError, match="CUDA device"):
         to_snippet(config, device="cpu")
     if torch.cuda.is_available():

@@ -116,6 +116,51 @@ def test_cuda_graphs_refuse_new_shapes_and_checkpointing() -> None:
         build(WORKLOAD, config.replace(activation_checkpointing="full", checkpoint_target="stem"), "cuda")
 
 
+def test_capture_survives_another_thread_pinning_host_memory() -> None:
+    """A DataLoader with num_workers > 0 and pin_memory=true has a pin-memory thread that allocates
+    pinned host memory (cuMemHostAlloc) whenever it stages a batch. Under the default "global"
+    capture mode such a call on any thread fails the capture (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED).
+    Here a thread allocates and frees pinned blocks throughout warm-up and capture."""
+    import sys
+    import threading
+
+    from workbench.trials import run_trial
+
+    config = TrainConfig(cuda_graphs=True)
+    step = build(WORKLOAD, config, "cuda")
+    (batch,) = _steps(step, config, 1)[0]
+    stop, started, errors = threading.Event(), threading.Event(), []
+    empty_host_cache = getattr(torch._C, "_host_emptyCache", lambda: None)  # else the allocator reuses blocks
+
+    def pin() -> None:
+        try:
+            while not stop.is_set():
+                torch.randn(1 << 14).pin_memory()
+                empty_host_cache()
+                started.set()
+        except Exception as exc:  # the error the pinning thread would meet
+            errors.append(exc)
+            started.set()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # interleave the threads finely, as a busy loader thread would
+    thread = threading.Thread(target=pin, daemon=True)
+    thread.start()
+    try:
+        assert started.wait(10)
+        loss = step([batch])  # warm-up on a side stream, then capture, then the first replay
+    finally:
+        stop.set()
+        thread.join(10)
+        sys.setswitchinterval(interval)
+    assert not errors, errors
+    assert step.graphed is not None and step.graphed.replays == 1 and torch.isfinite(loss)
+    # And the configuration the tuner offers: a real DataLoader with workers and pinned batches.
+    result = run_trial(WORKLOAD, TrainConfig(cuda_graphs=True, num_workers=2, pin_memory=True), steps=5, warmup=2,
+                       device="cuda", track_memory=False, isolation="inline")  # fmt: skip
+    assert result.ok, result.message
+
+
 @pytest.mark.parametrize("impl", ["for-loop", "fused"])
 def test_fp16_grad_scaler_step(impl: str) -> None:
     config = TrainConfig(amp="fp16", optimizer_impl=impl, lr=3e-3)

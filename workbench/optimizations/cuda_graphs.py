@@ -73,7 +73,11 @@ class CudaGraphStep:
         self.optimizer.zero_grad(set_to_none=True)
         self.graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(self.graph):
+            # "thread_local", not the default "global": in global mode CUDA forbids unsafe calls on
+            # every thread while one captures, and a DataLoader's pin-memory thread (num_workers > 0,
+            # pin_memory=true) allocating or querying pinned host memory mid-capture fails it. Only
+            # this thread's calls are checked, and the capture itself never touches those buffers.
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
                 self.static_loss = self.step_fn(self.static_batches)
         except RuntimeError as exc:
             self.graph = None
