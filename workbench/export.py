@@ -473,7 +473,9 @@ def _add_offload(snippet: _Snippet) -> None:
         "    # blocks here); queued on the compute stream, so the GPU pays the copy's time.\n"
         "    if not tensor.is_cuda or tensor.is_sparse:\n"
         "        return tensor.device, tensor.cpu()\n"
-        "    packed = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout, pin_memory=True)\n"
+        "    packed = torch.empty(\n"
+        "        tensor.size(), dtype=tensor.dtype, layout=tensor.layout, pin_memory=True\n"
+        "    )\n"
         "    packed.copy_(tensor, non_blocking=True)\n"
         "    return tensor.device, packed",
         "def _unpack_to_device(packed: tuple[torch.device, torch.Tensor]) -> torch.Tensor:\n"
@@ -887,7 +889,7 @@ def _graphed_step(config: TrainConfig) -> str:
         "    # train_step begins with zero_grad(set_to_none=True): backward then allocates the",
         "    # gradients from the graph's private memory pool, where replays find them.",
         "    graph = torch.cuda.CUDAGraph()",
-        "    # thread_local: a DataLoader's pin-memory thread may allocate pinned memory meanwhile.",
+        "    # thread_local: a DataLoader's pin-memory thread may pin memory meanwhile.",
         '    with torch.cuda.graph(graph, capture_error_mode="thread_local"):',
         "        static_loss = train_step(model, optimizer, static_batches, loss_fn, forward_fn)",
         "",
