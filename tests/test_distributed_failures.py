@@ -134,7 +134,8 @@ def test_the_first_rank_to_fail_is_named_with_its_cause(mode: str, tmp_path: Pat
     if mode == "hang":
         assert "no progress from any rank for 20 s" in first_line and "rank 1 is furthest behind" in first_line
         assert bad.how == "hung" and records[0].how == "waiting"
-        assert TIMEOUT_S <= ended - noted["time"] < TIMEOUT_S + 15  # stopped by the timeout, soon after it
+        # Stopped by the timeout, soon after it (the silence may start a poll before rank 1 noted the time).
+        assert TIMEOUT_S - 1 <= ended - noted["time"] < TIMEOUT_S + 15
     else:
         # Rank 1 is named, with its cause; rank 0 (its echo or stopped by torchrun) is listed under it.
         assert first_line.startswith(f"rank {BAD_RANK} failed first: {bad.cause}"), result.message
