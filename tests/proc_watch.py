@@ -37,3 +37,20 @@ def _running(process: psutil.Process) -> bool:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def no_live_children(within_s: float = 5.0) -> bool:
+    """True once no descendant of this process is still running (multiprocessing's resource tracker aside)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        alive = []
+        for child in psutil.Process().children(recursive=True):
+            try:
+                if _running(child) and "resource_tracker" not in " ".join(child.cmdline()):
+                    alive.append(child)
+            except psutil.NoSuchProcess:
+                continue
+        if not alive:
+            return True
+        time.sleep(0.2)
+    return False

@@ -11,6 +11,13 @@ from workbench.config import TrainConfig
 RANK_MODULE = "workbench.distributed"
 """`python -m workbench.distributed`: the rank-side entry point (`workbench/distributed/__main__.py`)."""
 
+AGENT_MODULE = "workbench.distributed.agent"
+"""torchrun as the launcher runs it: `torch.distributed.run` itself, plus a record of the failed ranks
+(`workbench/distributed/agent.py`)."""
+
+FAILURE_RECORD_ENV = "WORKBENCH_FAILURE_RECORD"
+"""Where the agent writes, as JSON, each failed rank's exit code or signal, pid and time."""
+
 RDZV_ID = "workbench"
 """Rendezvous id: the nodes of one run must agree on it; the printed command uses this one."""
 

@@ -14,6 +14,7 @@ import argparse
 import datetime
 import os
 import pickle
+import socket
 import sys
 import time
 import traceback
@@ -57,16 +58,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     end_with_launcher_from_env()  # a killed launcher must not leave the ranks holding the devices
     writer = RankWriter(args.events, rank) if args.events else None
     send = writer.send if writer is not None else (lambda message: None)
+    # Who this rank is, so the parent can see its process end if it dies without a word (a signal).
+    send(("hello", os.getpid(), socket.gethostname(), time.time()))
     send(("progress", -1, "starting", time.time()))  # alive: the parent's start-up allowance ends
     try:
-        return _run(args, rank, send, standalone=writer is None)
+        code = _run(args, rank, send, standalone=writer is None)
+        send(("done", code, time.time()))  # this rank's exit that follows is not a failure
+        return code
     except (ConfigError, WorkloadError) as exc:
         send(("input_error", type(exc).__name__, str(exc), time.time()))
         if rank == 0 or writer is None:
             print(f"workbench distributed: error: {exc}", file=sys.stderr)
         return EXIT_INPUT_ERROR
     except BaseException as exc:
-        send(("error", _kind(exc), f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}", time.time()))
+        send(("error", _failure_report(exc)))
         raise  # torchrun sees the failure and ends the other ranks
     finally:
         if writer is not None:
@@ -158,6 +163,23 @@ def _report(result: Any, out: str | None) -> None:
     if out:
         with open(out, "w") as fh:
             fh.write(result.to_json(indent=2))
+
+
+def _failure_report(exc: BaseException) -> dict[str, Any]:
+    """This rank's exception as the parent's failure record wants it (`failures.RankFailure`)."""
+    import sysconfig
+
+    from workbench.distributed.failures import raise_site
+
+    torch_module = sys.modules.get("torch")
+    skip = [os.path.dirname(torch_module.__file__ or "") if torch_module else "", sysconfig.get_paths()["stdlib"]]
+    return {
+        "time": time.time(),
+        "status": _kind(exc),
+        "exception": f"{type(exc).__name__}: {exc}".strip(),
+        "where": raise_site(traceback.extract_tb(exc.__traceback__), skip),
+        "traceback": traceback.format_exc(),
+    }
 
 
 def _kind(exc: BaseException) -> str:

@@ -4,14 +4,17 @@
 torch.distributed.run`, PyTorch's own launcher) starts the ranks in a new session, so one
 signal ends torchrun, every rank and their loader workers. The ranks report through
 per-rank files (`channel.py`): rank 0's events become this caller's `on_event` stream and its
-final `TrialResult`; every rank reports its position each phase and its own failure, so a
-rank that raises ends the trial with *that* rank's error, and a silent world (a hang) is
-killed after `timeout_s` with the rank that fell behind named. Multi-node runs are not
+final `TrialResult`; every rank reports its pid, its position each phase and its own exception.
+A failed trial names the first rank to fail (`failures.py`): its exception, or the exit code or
+signal torchrun recorded (`agent.py`) at the time this process saw it die (`exits.py`), with the
+other ranks' echoes listed under it; a silent world (a hang) is killed after `timeout_s` with
+the rank that fell behind named. Every rank's record is kept in `TrialResult.distributed`. Multi-node runs are not
 launched from here: each node runs the command `export.to_command` prints.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shlex
@@ -27,7 +30,14 @@ from typing import Any
 
 from workbench.config import ConfigError, TrainConfig
 from workbench.distributed.channel import RankReader
-from workbench.distributed.command import RANK_MODULE, torchrun_args
+from workbench.distributed.command import AGENT_MODULE, FAILURE_RECORD_ENV, RANK_MODULE, torchrun_args
+from workbench.distributed.exits import ExitWatch
+from workbench.distributed.failures import (
+    RankFailure,
+    assemble_failures,
+    explain_failures,
+    hang_failures,
+)
 from workbench.measure.events import EventSink
 from workbench.measure.follow import STARTUP_GRACE_S, EventRelay
 from workbench.measure.lifeline import LAUNCHER_PID_ENV
@@ -42,6 +52,10 @@ distributed trials always have a timeout, because a hung rank blocks all the oth
 POLL_S = 0.05
 KILL_GRACE_S = 3.0
 LOG_TAIL_CHARS = 3000
+SETTLE_S = 10.0
+"""After the first sign of a failure, how long to wait for torchrun to end the other ranks and
+write its record before deciding without it (a rank that ignores SIGTERM holds torchrun 30 s)."""
+FAILURE_RECORD = "failures.json"
 _WHERE = {
     "starting": "starting up (imports, process group)",
     "setup": "building the model and its data",
@@ -86,9 +100,8 @@ def run_distributed_trial(
     (directory / "spec.pkl").write_bytes(pickle.dumps(spec))
     command = rank_command(config, directory)
     log = open(directory / "torchrun.log", "wb")  # noqa: SIM115 - closed in finally, after the process
-    process = subprocess.Popen(
-        command, env=rank_environment(config, dev.type), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    env = {**rank_environment(config, dev.type), FAILURE_RECORD_ENV: str(directory / FAILURE_RECORD)}
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         relay = EventRelay(workload_name(request.workload), config, on_event)
         follower = _Follower(process, directory, config, relay, timeout)
@@ -107,8 +120,9 @@ def run_distributed_trial(
 
 
 def rank_command(config: TrainConfig, directory: Path) -> list[str]:
-    """`python -m torch.distributed.run ... -m workbench.distributed --spec ... --events ...`."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", *torchrun_args(config)]
+    """`python -m workbench.distributed.agent ... -m workbench.distributed --spec ... --events ...`: torchrun
+    (`torch.distributed.run` with its own arguments) that also records how each failed rank ended."""
+    launcher = [sys.executable, "-m", AGENT_MODULE, *torchrun_args(config)]
     return [*launcher, "-m", RANK_MODULE, "--spec", str(directory / "spec.pkl"), "--events", str(directory)]
 
 
@@ -142,33 +156,49 @@ class _Follower:
         self, process: subprocess.Popen[bytes], directory: Path, config: TrainConfig, relay: EventRelay, timeout: float
     ) -> None:
         self.process, self.directory, self.timeout, self.relay = process, directory, timeout, relay
+        self.strategy = config.strategy
         self.readers = [RankReader(directory, rank) for rank in range(config.nproc_per_node)]
         self.positions: dict[int, tuple[int, str]] = {}
-        self.errors: list[tuple[float, int, str, str]] = []
+        self.ranks: dict[int, dict[str, Any]] = {}
+        """What each rank said of itself at start: pid, host."""
+        self.errors: dict[int, dict[str, Any]] = {}
+        self.done: set[int] = set()
+        self.exits = ExitWatch()
 
     @property
     def finished(self) -> TrialResult | None:
         return self.relay.finished
 
     def follow(self, cancel: threading.Event | None) -> TrialResult:
+        try:
+            return self._follow(cancel)
+        finally:
+            self.exits.close()
+
+    def _follow(self, cancel: threading.Event | None) -> TrialResult:
         last_news = time.monotonic()
+        failing_since: float | None = None
         while True:
             if cancel is not None and cancel.is_set():
                 return self.relay.end("cancelled", "cancelled by the caller; torchrun and its ranks were stopped")
             exited = self.process.poll() is not None  # read *after* this, so nothing written is missed
+            self.exits.wait(0)  # a rank writes before it exits: its last words are read below
             if self._read():
                 last_news = time.monotonic()
             if self.relay.finished is not None:
                 return self.relay.finished
-            if self.errors:
-                _, rank, kind, text = min(self.errors)  # the first failure; later ones are its echoes
-                return self.relay.end(kind, f"rank {rank} failed: {text}")
-            if exited:
-                return self.relay.end("error", self._exit_message())
+            if failing_since is None and (self.errors or set(self.exits.ended) - self.done):
+                failing_since = time.monotonic()  # the first sign; torchrun now ends the other ranks
+            # Decide once torchrun has ended every rank and written its record (who died how), so
+            # an echo reported first (a peer's "Connection reset") is not taken for the cause.
+            if failing_since is not None and (exited or time.monotonic() - failing_since > SETTLE_S):
+                return self._failed()
+            if exited:  # without a word from any rank: torchrun's record, or its log
+                return self._failed()
             allowed = self.timeout + (0.0 if self.positions else STARTUP_GRACE_S)
-            if time.monotonic() - last_news > allowed:
-                return self.relay.end("timeout", self._silence_message())
-            time.sleep(POLL_S)
+            if failing_since is None and time.monotonic() - last_news > allowed:
+                return self._hung()
+            self.exits.wait(POLL_S)  # wakes at once when a rank's process ends, to stamp the time
 
     def _read(self) -> bool:
         news = False
@@ -183,8 +213,63 @@ class _Follower:
             return
         if message[0] == "progress":
             self.positions[rank] = (int(message[1]), str(message[2]))
+        elif message[0] == "hello":
+            self.ranks[rank] = {"pid": int(message[1]), "host": str(message[2])}
+            self.exits.add(rank, int(message[1]))
         elif message[0] == "error":
-            self.errors.append((float(message[3]), rank, str(message[1]), str(message[2])))
+            self.errors.setdefault(rank, dict(message[1]))
+        elif message[0] == "done":
+            self.done.add(rank)
+
+    def _failed(self) -> TrialResult:
+        """End with the first rank to fail named, and every rank's failure kept in `distributed`; with
+        nothing known of any rank, with torchrun's exit code and the end of its log."""
+        started = bool(self.ranks)
+        for rank, (step, phase) in self.positions.items():
+            self.ranks.setdefault(rank, {})["position"] = _position(step, phase)
+        failures = assemble_failures(
+            errors=self.errors, ended=self.exits.ended, torchrun=self._failure_record(), finished=self.done,
+            ranks=self.ranks,
+        )  # fmt: skip
+        if not failures:
+            return self.relay.end("error", self._exit_message())
+        root, message = explain_failures(failures)
+        if not started:  # they died starting up (an import): what they printed is all there is
+            message += f"\n\ntorchrun's log ends:\n{self._log_tail()}"
+        self._keep(failures, root)
+        return self.relay.end("oom" if root.status == "oom" else "error", message)
+
+    def _hung(self) -> TrialResult:
+        message = self._silence_message()
+        if self.positions:
+            suspect = self._suspect()
+            positions = {rank: _position(*where) for rank, where in self.positions.items()}
+            failures = hang_failures(len(self.readers), suspect, positions, self.ranks)
+            self._keep(failures, failures[suspect])
+        return self.relay.end("timeout", message)
+
+    def _keep(self, failures: list[RankFailure], root: RankFailure) -> None:
+        """Per-rank records on the result (the store keeps `distributed` whole)."""
+        self.relay.partial.distributed = {
+            "strategy": self.strategy,
+            "world_size": len(self.readers),
+            "first_failed_rank": root.rank,
+            "rank_failures": [failure.to_dict() for failure in failures],
+        }
+
+    def _failure_record(self) -> dict[int, dict[str, Any]]:
+        """torchrun's record of the failed ranks (exit code or signal); empty until it has exited."""
+        try:
+            data = json.loads((self.directory / FAILURE_RECORD).read_text())
+        except (OSError, ValueError):
+            return {}
+        return {int(rank): dict(entry) for rank, entry in data.items()}
+
+    def _suspect(self) -> int:
+        missing = [rank for rank in range(len(self.readers)) if rank not in self.positions]
+        if missing:
+            return missing[0]
+        return min(self.positions, key=lambda rank: (self.positions[rank][0], _phase_order(self.positions[rank][1])))
 
     def _silence_message(self) -> str:
         if not self.positions:
@@ -192,13 +277,11 @@ class _Follower:
                 f"no rank reported within {self.timeout + STARTUP_GRACE_S:g} s of launch; "
                 f"torchrun was stopped. Its log ends:\n{self._log_tail()}"
             )
-        where = "; ".join(
-            f"rank {rank} {f'at step {step}, ' if step >= 0 else ''}{_WHERE.get(phase, phase)}"
-            for rank, (step, phase) in sorted(self.positions.items())
+        where = "; ".join(f"rank {rank} {_position(*at)}" for rank, at in sorted(self.positions.items()))
+        behind = self._suspect()
+        suspect = (
+            f"rank {behind} never reported" if behind not in self.positions else f"rank {behind} is furthest behind"
         )
-        behind = min(self.positions, key=lambda rank: (self.positions[rank][0], _phase_order(self.positions[rank][1])))
-        missing = [rank for rank in range(len(self.readers)) if rank not in self.positions]
-        suspect = f"rank {missing[0]} never reported" if missing else f"rank {behind} is furthest behind"
         return (
             f"no progress from any rank for {self.timeout:g} s; torchrun and its ranks were stopped. "
             f"{suspect}: the others wait for it in a collective. Last positions: {where}"
@@ -213,6 +296,10 @@ class _Follower:
         except OSError:
             return "(no log)"
         return text[-LOG_TAIL_CHARS:].strip() or "(empty log)"
+
+
+def _position(step: int, phase: str) -> str:
+    return f"{f'at step {step}, ' if step >= 0 else ''}{_WHERE.get(phase, phase)}"
 
 
 def _phase_order(phase: str) -> int:
