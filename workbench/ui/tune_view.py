@@ -22,7 +22,7 @@ from bokeh.plotting import figure
 from jupyter_bokeh import BokehModel
 
 from workbench.config import ConfigError, TrainConfig
-from workbench.textfmt import format_bytes
+from workbench.textfmt import format_bytes, parse_bytes
 from workbench.ui.exporter import ExportPanel
 
 MAX_ROWS = 40
@@ -111,8 +111,6 @@ class TuneView:
         if self._thread is not None and self._thread.is_alive():
             self._say("a search is already running: cancel it first", error=True)
             return False
-        from workbench.cli_diagnose import parse_bytes
-
         try:
             space = self.space()
             max_memory = parse_bytes(self.max_memory.value) if self.max_memory.value.strip() else None
