@@ -23,6 +23,7 @@ from workbench.config import ConfigError, TrainConfig
 from workbench.device import capabilities, check_config, device_info, resolve_device
 from workbench.measure import RoundMeasured, StepMeasured, TrialRequest, TrialResult, TrialStarted
 from workbench.measure.monitor import DeviceMonitor
+from workbench.ui.bokeh_view import load_bokehjs
 from workbench.ui.charts import TIMELINE_S, LiveCharts, TrialSeries
 from workbench.ui.controls import ConfigPanel
 from workbench.ui.diagnosis_view import DiagnosisView
@@ -453,21 +454,6 @@ def _update_progress(record: TrialRecord) -> None:
     else:
         text = f"step {record.steps_done - spec.warmup}/{spec.steps}, {record.last_step_ms:.1f} ms"
     caption.value = f"<b>{html.escape(record.entry.label)}</b> #{record.repeat}: {html.escape(text)}"
-
-
-_BOKEHJS_LOADED = False
-
-
-def load_bokehjs(force: bool = False) -> None:
-    """Publish BokehJS inline (no CDN: there may be no internet) once per kernel, before the first chart."""
-    global _BOKEHJS_LOADED
-    if _BOKEHJS_LOADED and not force:
-        return
-    from bokeh.io.notebook import load_notebook
-    from bokeh.resources import Resources
-
-    load_notebook(resources=Resources(mode="inline", components=["bokeh"]), hide_banner=True)
-    _BOKEHJS_LOADED = True
 
 
 def _jupyterlab_frontend() -> Any:
