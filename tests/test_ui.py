@@ -197,6 +197,13 @@ def test_baseline_and_candidate_fill_charts_table_and_export(make_app) -> None:
     assert "navigator.clipboard" in app.export.copy.value
     assert "Finished" in app.status.value
 
+    # The Diagnosis tab counted the FLOPs of the app's own workload object (which no name rebuilds).
+    from workbench.analysis.flops import step_flops
+
+    shown = app.diagnosis.diagnosis
+    assert app.diagnosis.result is candidate.result and shown is not None and shown.mfu is not None
+    assert shown.mfu.flops_per_step == step_flops(app.workload_picker.value, TrainConfig(amp="bf16")).total
+
 
 def test_charts_update_while_the_trial_runs(make_app) -> None:
     app = make_app(toy(sleep_s=0.15), steps=30, refresh_hz=4.0)

@@ -135,7 +135,7 @@ class Workbench:
                 self.workload_picker.value = workload
         self._show_results()
         if result.ok:
-            self.diagnosis.show(result)
+            self.diagnosis.show(result, workload=workload)
             self._show_timeline(result)
         self._say(f"Baseline is now stored trial {result.trial_id} ({config.describe()}); run candidates against it.")
         return entry
@@ -405,7 +405,7 @@ class Workbench:
         self.export.set_choices(choices, winner)
         done = [r for r in self.records if r.result is not None]
         if done and done[-1].result is not None and done[-1].result.ok:
-            self.diagnosis.show(done[-1].result)
+            self.diagnosis.show(done[-1].result, workload=done[-1].entry.spec.workload)
             self.ranks.value = render_ranks(done[-1].result)
             self._show_timeline(done[-1].result)
         if done and not self.runner.busy:

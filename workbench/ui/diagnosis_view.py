@@ -1,6 +1,7 @@
 """The Diagnosis tab: findings with their evidence, an Apply button per recommendation, memory and top operators.
 
-A thin view: findings come from `analysis.diagnose`, memory rows from
+A thin view: findings come from `analysis.diagnose.diagnose_trial`, the CLI's own entry point
+(FLOPs counted, so MFU shows here as it does there), memory rows from
 `analysis.memory_breakdown`, operators from the trial's profile; this widget only draws
 them. "Apply" turns a recommendation into a candidate config (checked against the device
 the trial ran on) and hands it to `on_apply`, which the app uses to run the candidate.
@@ -18,12 +19,13 @@ from bokeh.layouts import row
 from bokeh.models import ColumnDataSource, FactorRange, HoverTool
 from bokeh.plotting import figure
 
-from workbench.analysis.diagnose import Diagnosis, diagnose
+from workbench.analysis.diagnose import Diagnosis, diagnose_trial
 from workbench.analysis.memory_breakdown import MemoryRow, category_rows, module_rows
 from workbench.analysis.recommend import Recommendation
 from workbench.config import ConfigError, TrainConfig
 from workbench.measure.result import TrialResult
 from workbench.ui.bokeh_view import BokehView
+from workbench.workloads import Workload
 
 _MIB = float(2**20)
 _SEVERITY_COLOR = {"bottleneck": "#b3261e", "info": "#1f6feb"}
@@ -60,10 +62,15 @@ class DiagnosisView(BokehView):
 
     # --- filling -----------------------------------------------------------------------
 
-    def show(self, result: TrialResult, diagnosis: Diagnosis | None = None) -> None:
-        """Show one trial's diagnosis (computed here from the result if not given)."""
+    def show(
+        self, result: TrialResult, diagnosis: Diagnosis | None = None, workload: Workload | str | None = None
+    ) -> None:
+        """Show one trial's diagnosis: `diagnosis` if given, else `diagnose_trial`'s (FLOPs counted from
+        `workload`, or from the result's own workload source). The trial shown already is not diagnosed again."""
+        if diagnosis is None and result is self.result:
+            return
         self.result = result
-        self.diagnosis = diagnosis if diagnosis is not None else diagnose(result)
+        self.diagnosis = diagnosis if diagnosis is not None else diagnose_trial(result, workload)
         self.message.value = ""
         self.header.value = self._header_html(result, self.diagnosis)
         self.buttons = []
