@@ -53,8 +53,8 @@ class Workbench:
         *,
         preset: str | None = None,
         device: str | None = None,
-        warmup: int = 3,
-        steps: int = 20,
+        warmup: int = TrialRequest.warmup,
+        steps: int = TrialRequest.steps,
         precision: float = Protocol.precision,
         budget_s: float = Protocol.budget_s,
         timeout_s: float | None = None,
@@ -190,7 +190,9 @@ class Workbench:
 
     def _build_widgets(self, workload: Workload | str | None, preset: str, warmup: int, steps: int) -> None:
         options, fixed = workload_options(workload)
-        self.workload_picker = widgets.Dropdown(options=options, value=options[0][1], description="workload")
+        self.workload_picker = widgets.Dropdown(
+            options=options, value=options[0][1], description="workload", layout=widgets.Layout(width="520px")
+        )
         self.preset_picker = widgets.ToggleButtons(
             options=list(PRESETS), value=preset, description="preset", disabled=fixed, style={"button_width": "auto"}
         )
@@ -235,7 +237,18 @@ class Workbench:
             f"({html.escape(info.name)}, {info.cpu_cores} CPU cores). Device monitor: "
             f"{html.escape(gpu_reason if gpu_ok else 'host CPU and memory via psutil — ' + gpu_reason)}"
         )
-        self.widget = build_layout(self)
+        self.widget = build_layout(
+            header=self.header,
+            workload=[self.workload_picker, self.preset_picker],
+            config=self.panel.widget,
+            window=[self.warmup, self.steps, self.precision, self.budget, self.profile_box],
+            buttons=[self.run_baseline_button, self.run_candidate_button, self.cancel_button],
+            live=[self.status, self.progress, self.charts.widget],
+            results=[self.table, self.ranks],
+            export=self.export.widget,
+            tabs={"Diagnosis of the latest run": self.diagnosis.widget, "History": self.history.widget,
+                  "Tune": self.tune.widget, "Timeline": self.timeline.widget},
+        )  # fmt: skip
 
     # --- internals: submitting -------------------------------------------------------
 
