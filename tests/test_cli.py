@@ -157,6 +157,61 @@ def test_workloads_and_capabilities_list_what_exists() -> None:
     assert "toggle" in workbench("capabilities").stdout
 
 
+def test_python_dash_m_lists_every_command_with_the_defaults_of_the_objects_that_own_them() -> None:
+    """`python -m workbench.cli` is the package's __main__; the window's and the protocol's defaults in
+    --help and in the parsed flags are TrialRequest's and Protocol's (what the API and the app use)."""
+    from workbench.cli import build_parser
+    from workbench.measure import TrialRequest
+    from workbench.protocol import Protocol
+
+    proc = workbench("--help")
+    assert proc.returncode == 0, proc.stderr
+    for command in ("run", "compare", "export", "workloads", "capabilities", "diagnose", "estimate", "tune",
+                    "diff", "history", "regress"):  # fmt: skip
+        assert f"\n    {command}" in proc.stdout
+    window = TrialRequest("bev-perception")
+    for argv in (["run"], ["compare", "--candidate", "amp=bf16"]):
+        args = build_parser().parse_args(argv)
+        assert (args.steps, args.warmup) == (window.steps, window.warmup)
+    args = build_parser().parse_args(["compare", "--candidate", "amp=bf16"])
+    assert (args.precision, args.budget, args.confidence) == (Protocol().precision, Protocol().budget_s, 0.95)
+    compare_help = " ".join(workbench("compare", "--help").stdout.split())
+    assert f"(default {Protocol().paired_workers}; 1 saves a worker's memory)" in compare_help
+    assert f"characterizing trial (default {window.steps})" in compare_help
+
+
+@pytest.mark.parametrize(
+    ("old", "names", "new"),
+    [
+        ("workbench.cli_tune", ("summary", "parse_duration"), ("workbench.cli.tune", "workbench.textfmt")),
+        ("workbench.cli_diff", ("resolve_trial", "DiffInputError"), ("workbench.cli.diff",)),
+        ("workbench.cli_diagnose", ("parse_bytes",), ("workbench.cli.diagnose", "workbench.textfmt")),
+    ],
+)
+def test_the_old_module_paths_warn_and_still_work(old: str, names: tuple[str, ...], new: tuple[str, ...]) -> None:
+    import importlib
+
+    sys.modules.pop(old, None)  # a module warns when it is imported, not when it is found in the cache
+    with pytest.deprecated_call(match=f"{old} is deprecated: import from {new[0]}"):
+        module = importlib.import_module(old)
+    homes = [importlib.import_module(name) for name in new]
+    for name in names:
+        assert any(getattr(home, name, None) is getattr(module, name) for home in homes), name
+
+
+def test_sizes_and_durations_parse_alike_for_the_cli_and_the_app() -> None:
+    from workbench.config import ConfigError
+    from workbench.textfmt import parse_bytes, parse_duration
+
+    assert (parse_bytes("80GB"), parse_bytes("75GiB"), parse_bytes(" 1.5 kib")) == (80 * 10**9, 75 * 2**30, 1536)
+    assert (parse_duration("600"), parse_duration("90s"), parse_duration("10m"), parse_duration("1h")) == (
+        600.0, 90.0, 600.0, 3600.0)  # fmt: skip
+    with pytest.raises(ConfigError, match="is not a size; write"):
+        parse_bytes("lots")
+    with pytest.raises(ConfigError, match="not a duration"):
+        parse_duration("soon")
+
+
 def test_bring_your_own_model_by_module_spec(tmp_path: Path) -> None:
     (tmp_path / "my_models.py").write_text(
         textwrap.dedent("""

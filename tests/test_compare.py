@@ -79,6 +79,24 @@ def test_winner_is_the_fastest_significant_one_and_ties_are_head_to_head() -> No
     assert comparison.winner == 0 and comparison.tied == [1]
 
 
+def test_comparisons_run_one_at_a_time_merge_with_the_winner_picked_across_them() -> None:
+    """The app compares each candidate in its own run against one baseline; merged, the two clearly
+    faster ones (intervals apart: 2x and 1.25x) rank by speed, and a slower one never wins."""
+    from workbench.analysis.merge import merge_comparisons
+
+    rng = np.random.default_rng(2)
+    base = _trials(rng, 100, 6)
+    runs = [compare_trials(base, [_trials(rng, mean, 6, TrainConfig(lr=lr))], confidence=0.95)
+            for mean, lr in ((80, 0.1), (50, 0.2), (160, 0.3))]  # fmt: skip
+    merged = merge_comparisons(base, runs)
+    assert merged is not None
+    assert [row.verdict for row in merged.candidates] == ["faster", "faster", "slower"]
+    assert all(row is run.candidates[0] for row, run in zip(merged.candidates, runs))  # each run's own verdict
+    assert merged.winner == 1 and merged.tied == []
+    assert merged.baseline.median_step_ms == summarize(base).median_step_ms and merged.rounds == 6
+    assert merge_comparisons([], runs) is None and merge_comparisons(base, []) is None
+
+
 def test_failed_candidate_is_a_row_not_an_exception() -> None:
     comparison = compare_trials(fake_result([100, 101]), [fake_result([], status="oom", losses=[])])
     row = comparison.candidates[0]

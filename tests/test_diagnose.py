@@ -7,6 +7,7 @@ bottleneck is built to be unmistakable in shares and counts — never in absolut
 from __future__ import annotations
 
 import inspect
+import json
 import time
 from typing import Any
 
@@ -288,8 +289,6 @@ def slow_data_workload() -> Workload:
 
 
 def test_cli_diagnose_prints_findings_as_json(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
-    import json
-
     from workbench.cli import main
 
     code = main(["diagnose", "--workload", "test_diagnose:slow_data_workload", "--steps", "3", "--warmup", "1",
@@ -308,6 +307,36 @@ def test_cli_run_with_profile_prints_the_diagnosis(capsys: pytest.CaptureFixture
                  "--profile", "--quiet", "--no-store"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "Diagnosis — primary: Data loading bound" in out and "top operators" in out
+
+
+def test_the_app_shows_the_mfu_the_cli_prints_for_the_same_result(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Diagnosis tab and `workbench diagnose` call the same entry point: FLOPs counted, MFU shown."""
+    pytest.importorskip("ipywidgets")
+    pytest.importorskip("jupyter_bokeh")
+    from workbench.analysis.flops import peak_flops_for, step_flops
+    from workbench.cli import main
+    from workbench.ui.diagnosis_view import DiagnosisView
+
+    measured = run_trial("bev-perception", TrainConfig(), warmup=1, steps=3, isolation="inline", track_memory=False)
+    # The peak table has no CPU, so the step is read as an H100's (a recorded reading: MFU is a pure
+    # function of the result, the workload's FLOPs and the table).
+    gpu = "NVIDIA H100 80GB HBM3"
+    result = TrialResult(**{**measured.__dict__, "device": {"type": "cuda", "name": gpu, "count": 1}})
+    flops = step_flops("bev-perception", TrainConfig()).total
+    peak, _ = peak_flops_for(gpu, TrainConfig())
+    assert peak is not None
+    expected = flops / (result.median_step_ms / 1000.0) / peak
+
+    view = DiagnosisView()
+    view.show(result)
+    assert view.diagnosis is not None and view.diagnosis.mfu is not None
+    assert view.diagnosis.mfu.mfu == pytest.approx(expected) and f"MFU {expected:.1%}" in view.header.value
+    monkeypatch.setattr("workbench.trials.run_trial", lambda *args, **kwargs: result)
+    assert main(["diagnose", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)["diagnosis"]["mfu"]
+    assert printed["mfu"] == pytest.approx(expected) and printed["flops_per_step"] == flops
 
 
 def test_a_sync_bound_distributed_trial_is_diagnosed_with_ddp_recommendations() -> None:

@@ -461,7 +461,8 @@ def test_a_missing_file_is_not_created_by_read_only_opens(tmp_path: Path) -> Non
 
 
 def test_comparisons_and_cli_runs_are_saved_unless_told_not_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from workbench.cli import _store_arg, build_parser, main
+    from workbench.cli import build_parser, main
+    from workbench.cli.options import store_arg
 
     path = tmp_path / "h.sqlite"
     # design='processes': every unit is a trial (inline here, so no process start-ups), and each is stored.
@@ -482,9 +483,9 @@ def test_comparisons_and_cli_runs_are_saved_unless_told_not_to(tmp_path: Path, m
         assert stored["candidate 1"] is not None and stored["candidate 1"]["verdict"] == candidate.verdict
         assert stored["candidate 1"]["speedup"] == pytest.approx(candidate.speedup)
         assert stored["baseline"] is not None and stored["baseline"]["rounds"] == rounds
-    assert _store_arg(build_parser().parse_args(["run", "--no-store"])) is None
-    assert _store_arg(build_parser().parse_args(["compare", "--candidate", "amp=bf16", "--store", "x"])) == "x"
-    assert _store_arg(build_parser().parse_args(["run"])) is DEFAULT_STORE
+    assert store_arg(build_parser().parse_args(["run", "--no-store"])) is None
+    assert store_arg(build_parser().parse_args(["compare", "--candidate", "amp=bf16", "--store", "x"])) == "x"
+    assert store_arg(build_parser().parse_args(["run"])) is DEFAULT_STORE
     # This module is importable in the worker (pytest put tests/ on sys.path, and spawn passes it on).
     spec = f"{__name__}:tiny_workload"
     assert main(["run", "--workload", spec, "--steps", "1", "--warmup", "1", "--quiet", "--store", str(path)]) == 0

@@ -262,7 +262,7 @@ def test_stopped_search_resumes_from_the_store_without_repeating_and_verifies_th
     data = second.to_dict()
     assert {"best", "trials", "pareto", "budget_used_s", "runner_ups"} <= set(data)
     assert data["best"]["export"]["command"].startswith("workbench run")
-    from workbench.cli_tune import summary
+    from workbench.cli.tune import summary
 
     text = summary(second)
     assert "best: " in text and "batch_size=8" in text and "Pareto front" in text and f"run {second.run_id}" in text

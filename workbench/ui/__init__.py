@@ -1,5 +1,6 @@
 """The notebook app: `Workbench()` in a JupyterLab cell. Only this package imports the UI libraries."""
 
-from workbench.ui.app import Workbench, load_bokehjs
+from workbench.ui.app import Workbench
+from workbench.ui.bokeh_view import load_bokehjs
 
 __all__ = ["Workbench", "load_bokehjs"]

@@ -23,6 +23,7 @@ from workbench.config import ConfigError, TrainConfig
 from workbench.device import capabilities, check_config, device_info, resolve_device
 from workbench.measure import RoundMeasured, StepMeasured, TrialRequest, TrialResult, TrialStarted
 from workbench.measure.monitor import DeviceMonitor
+from workbench.ui.bokeh_view import load_bokehjs
 from workbench.ui.charts import TIMELINE_S, LiveCharts, TrialSeries
 from workbench.ui.controls import ConfigPanel
 from workbench.ui.diagnosis_view import DiagnosisView
@@ -52,8 +53,8 @@ class Workbench:
         *,
         preset: str | None = None,
         device: str | None = None,
-        warmup: int = 3,
-        steps: int = 20,
+        warmup: int = TrialRequest.warmup,
+        steps: int = TrialRequest.steps,
         precision: float = Protocol.precision,
         budget_s: float = Protocol.budget_s,
         timeout_s: float | None = None,
@@ -134,7 +135,7 @@ class Workbench:
                 self.workload_picker.value = workload
         self._show_results()
         if result.ok:
-            self.diagnosis.show(result)
+            self.diagnosis.show(result, workload=workload)
             self._show_timeline(result)
         self._say(f"Baseline is now stored trial {result.trial_id} ({config.describe()}); run candidates against it.")
         return entry
@@ -189,7 +190,9 @@ class Workbench:
 
     def _build_widgets(self, workload: Workload | str | None, preset: str, warmup: int, steps: int) -> None:
         options, fixed = workload_options(workload)
-        self.workload_picker = widgets.Dropdown(options=options, value=options[0][1], description="workload")
+        self.workload_picker = widgets.Dropdown(
+            options=options, value=options[0][1], description="workload", layout=widgets.Layout(width="520px")
+        )
         self.preset_picker = widgets.ToggleButtons(
             options=list(PRESETS), value=preset, description="preset", disabled=fixed, style={"button_width": "auto"}
         )
@@ -234,7 +237,18 @@ class Workbench:
             f"({html.escape(info.name)}, {info.cpu_cores} CPU cores). Device monitor: "
             f"{html.escape(gpu_reason if gpu_ok else 'host CPU and memory via psutil — ' + gpu_reason)}"
         )
-        self.widget = build_layout(self)
+        self.widget = build_layout(
+            header=self.header,
+            workload=[self.workload_picker, self.preset_picker],
+            config=self.panel.widget,
+            window=[self.warmup, self.steps, self.precision, self.budget, self.profile_box],
+            buttons=[self.run_baseline_button, self.run_candidate_button, self.cancel_button],
+            live=[self.status, self.progress, self.charts.widget],
+            results=[self.table, self.ranks],
+            export=self.export.widget,
+            tabs={"Diagnosis of the latest run": self.diagnosis.widget, "History": self.history.widget,
+                  "Tune": self.tune.widget, "Timeline": self.timeline.widget},
+        )  # fmt: skip
 
     # --- internals: submitting -------------------------------------------------------
 
@@ -404,7 +418,7 @@ class Workbench:
         self.export.set_choices(choices, winner)
         done = [r for r in self.records if r.result is not None]
         if done and done[-1].result is not None and done[-1].result.ok:
-            self.diagnosis.show(done[-1].result)
+            self.diagnosis.show(done[-1].result, workload=done[-1].entry.spec.workload)
             self.ranks.value = render_ranks(done[-1].result)
             self._show_timeline(done[-1].result)
         if done and not self.runner.busy:
@@ -453,21 +467,6 @@ def _update_progress(record: TrialRecord) -> None:
     else:
         text = f"step {record.steps_done - spec.warmup}/{spec.steps}, {record.last_step_ms:.1f} ms"
     caption.value = f"<b>{html.escape(record.entry.label)}</b> #{record.repeat}: {html.escape(text)}"
-
-
-_BOKEHJS_LOADED = False
-
-
-def load_bokehjs(force: bool = False) -> None:
-    """Publish BokehJS inline (no CDN: there may be no internet) once per kernel, before the first chart."""
-    global _BOKEHJS_LOADED
-    if _BOKEHJS_LOADED and not force:
-        return
-    from bokeh.io.notebook import load_notebook
-    from bokeh.resources import Resources
-
-    load_notebook(resources=Resources(mode="inline", components=["bokeh"]), hide_banner=True)
-    _BOKEHJS_LOADED = True
 
 
 def _jupyterlab_frontend() -> Any:

@@ -1,12 +1,8 @@
 """Live charts: step time per step, peak memory per trial, device utilization and memory over time.
 
-Plain Bokeh models in one document, shown through jupyter_bokeh's `BokehModel` widget.
-The Python-side ColumnDataSources are the authority: every update replaces a source's
-whole (small) data rather than streaming deltas, so a message lost on the way costs
-nothing once the next one arrives. Messages sent before the browser view exists are
-lost for good (FIELD-NOTES), so when BokehJS reports the document ready
-(`DocumentReady`, sent by every new view) the full state is pushed again: a trial
-started in the same cell as `display` still fills the chart.
+A `BokehView`: the Python-side ColumnDataSources are the authority, every update replaces a
+source's whole (small) data, unchanged data is not sent again, and a new browser view gets the
+full state: a trial started in the same cell as `display` still fills the chart.
 """
 
 from __future__ import annotations
@@ -16,15 +12,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bokeh.document import Document
-from bokeh.events import DocumentReady, Event
 from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource, DataRange1d, HoverTool
 from bokeh.models.annotations import LabelSet
 from bokeh.plotting import figure
-from jupyter_bokeh import BokehModel
 
 from workbench.measure.monitor import Sample
+from workbench.ui.bokeh_view import BokehView
 
 #: Seconds of device history the utilization/memory timelines show.
 TIMELINE_S = 60.0
@@ -46,15 +40,13 @@ class TrialSeries:
     """Each finished trial's timed window, [start, end] in `time.time()` seconds (the monitor's clock)."""
 
 
-class LiveCharts:
+class LiveCharts(BokehView):
     """Owns the Bokeh document and its sources; `set_trials`/`set_device` are called from the app's pump."""
 
     def __init__(self, gpu_names: Sequence[str] = ()) -> None:
         self.gpu_names = list(gpu_names)
         self._lock = threading.RLock()
         self._last: dict[str, dict[str, list[Any]]] = {}
-        self.ready_count = 0
-        """How many front-end views reported ready (each triggers a full re-send)."""
 
         self.step_points = ColumnDataSource(_empty("step", "step_ms", "trial", "color"), name="step_time_points")
         self.step_lines = ColumnDataSource(_empty("xs", "ys", "label", "color"), name="step_time_lines")
@@ -65,10 +57,7 @@ class LiveCharts:
         self.device_memory = ColumnDataSource(_empty("t", *mem_cols), name="device_memory")
         self.trial_windows = ColumnDataSource(_empty("x0", "x1", "label", "color"), name="trial_windows")
 
-        self.document = Document()
-        self.document.add_root(self._layout(util_cols, mem_cols))
-        self.document.on_event(DocumentReady, self._on_view_ready)
-        self.widget = BokehModel(self.document.roots[0])
+        self.widget = self.bokeh_model(self._layout(util_cols, mem_cols))
 
     # --- updates (any thread) ------------------------------------------------------
 
@@ -136,11 +125,6 @@ class LiveCharts:
             return  # unchanged: send nothing
         self._last[name] = data
         source.data = data
-
-    def _on_view_ready(self, event: Event) -> None:
-        # Runs on the kernel's thread when the browser's jsevent arrives.
-        self.ready_count += 1
-        self.resend()
 
     def _layout(self, util_cols: list[str], mem_cols: list[str]) -> Any:
         steps = figure(

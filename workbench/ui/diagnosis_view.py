@@ -1,11 +1,11 @@
 """The Diagnosis tab: findings with their evidence, an Apply button per recommendation, memory and top operators.
 
-A thin view: findings come from `analysis.diagnose`, memory rows from
+A thin view: findings come from `analysis.diagnose.diagnose_trial`, the CLI's own entry point
+(FLOPs counted, so MFU shows here as it does there), memory rows from
 `analysis.memory_breakdown`, operators from the trial's profile; this widget only draws
 them. "Apply" turns a recommendation into a candidate config (checked against the device
 the trial ran on) and hands it to `on_apply`, which the app uses to run the candidate.
-Charts follow `charts.py`: plain Bokeh in one document, whole-source replacement, a full
-re-send when a browser view reports ready (FIELD-NOTES: early messages are lost).
+The memory charts are a `BokehView`.
 """
 
 from __future__ import annotations
@@ -15,25 +15,24 @@ from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as widgets
-from bokeh.document import Document
-from bokeh.events import DocumentReady
 from bokeh.layouts import row
 from bokeh.models import ColumnDataSource, FactorRange, HoverTool
 from bokeh.plotting import figure
-from jupyter_bokeh import BokehModel
 
-from workbench.analysis.diagnose import Diagnosis, diagnose
+from workbench.analysis.diagnose import Diagnosis, diagnose_trial
 from workbench.analysis.memory_breakdown import MemoryRow, category_rows, module_rows
 from workbench.analysis.recommend import Recommendation
 from workbench.config import ConfigError, TrainConfig
 from workbench.measure.result import TrialResult
+from workbench.ui.bokeh_view import BokehView
+from workbench.workloads import Workload
 
 _MIB = float(2**20)
 _SEVERITY_COLOR = {"bottleneck": "#b3261e", "info": "#1f6feb"}
 _COLUMNS = ("label", "mib", "share")
 
 
-class DiagnosisView:
+class DiagnosisView(BokehView):
     """`DiagnosisView(on_apply=...).widget` is the tab; `show(result, diagnosis)` fills it.
 
     `on_apply(candidate_config)` is called by each recommendation's Apply button (and by
@@ -57,26 +56,27 @@ class DiagnosisView:
         self.modules = ColumnDataSource({name: [] for name in _COLUMNS}, name="memory_modules")
         self._category_fig = _bars("Memory at peak, by category", self.categories, "#4c72b0")
         self._module_fig = _bars("Activations held, by module", self.modules, "#dd8452")
-        self.document = Document()
-        self.document.add_root(row(self._category_fig, self._module_fig))
-        self.document.on_event(DocumentReady, lambda event: self._send_memory())
         self._memory_data: tuple[list[MemoryRow], list[MemoryRow]] = ([], [])
-        self.widget = widgets.VBox(
-            [self.header, self.findings, BokehModel(self.document.roots[0]), self.operators, self.message]
-        )
+        chart = self.bokeh_model(row(self._category_fig, self._module_fig))
+        self.widget = widgets.VBox([self.header, self.findings, chart, self.operators, self.message])
 
     # --- filling -----------------------------------------------------------------------
 
-    def show(self, result: TrialResult, diagnosis: Diagnosis | None = None) -> None:
-        """Show one trial's diagnosis (computed here from the result if not given)."""
+    def show(
+        self, result: TrialResult, diagnosis: Diagnosis | None = None, workload: Workload | str | None = None
+    ) -> None:
+        """Show one trial's diagnosis: `diagnosis` if given, else `diagnose_trial`'s (FLOPs counted from
+        `workload`, or from the result's own workload source). The trial shown already is not diagnosed again."""
+        if diagnosis is None and result is self.result:
+            return
         self.result = result
-        self.diagnosis = diagnosis if diagnosis is not None else diagnose(result)
+        self.diagnosis = diagnosis if diagnosis is not None else diagnose_trial(result, workload)
         self.message.value = ""
         self.header.value = self._header_html(result, self.diagnosis)
         self.buttons = []
         self.findings.children = [self._finding_box(index, f) for index, f in enumerate(self.diagnosis.findings)]
         self._memory_data = (category_rows(result.memory_breakdown), module_rows(result.memory_modules))
-        self._send_memory()
+        self.resend()
         self.operators.value = _operators_html((result.profile or {}).get("top_ops") or [])
 
     def apply(self, recommendation: Recommendation) -> TrainConfig | None:
@@ -129,7 +129,7 @@ class DiagnosisView:
         trace_html = f"<br>trace: <code>{html.escape(trace)}</code>" if trace else ""
         return f"<b>{html.escape(result.workload)}</b> ({html.escape(result.trial_id)}): {verdict} {mfu_text}{notes}{trace_html}"
 
-    def _send_memory(self) -> None:
+    def resend(self) -> None:
         """Whole-source replacement (and the categorical axes' factors) from the last shown trial."""
         for source, fig, rows in ((self.categories, self._category_fig, self._memory_data[0]),
                                   (self.modules, self._module_fig, self._memory_data[1])):  # fmt: skip

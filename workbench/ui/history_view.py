@@ -3,9 +3,7 @@
 A thin view over `workbench.store`: the list is `Store.history`, the chart is
 `step_time_series` (medians and quartiles computed there, not here), and the two
 actions hand a stored result or its config to the app through callbacks, so this
-widget knows nothing of the control panel or the comparison. Charts follow
-`charts.py`: one Bokeh document in a `BokehModel`, whole-source replacement, a full
-re-send when a browser view reports ready (FIELD-NOTES: early messages are lost).
+widget knows nothing of the control panel or the comparison. The chart is a `BokehView`.
 A broken or missing history is a message in the tab, never an exception in the app.
 """
 
@@ -18,21 +16,19 @@ from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as widgets
-from bokeh.document import Document
-from bokeh.events import DocumentReady
 from bokeh.models import ColumnDataSource, FixedTicker, HoverTool
 from bokeh.plotting import figure
-from jupyter_bokeh import BokehModel
 
 from workbench.config import ConfigError, TrainConfig
 from workbench.measure.result import TrialResult
 from workbench.store import HistoryRow, Store, StoredTrial, StoreError, default_store_path
 from workbench.store.series import SeriesPoint, step_time_series
+from workbench.ui.bokeh_view import BokehView
 
 _SERIES_COLUMNS = ("x", "commit", "median", "q1", "q3", "trials", "first")
 
 
-class HistoryView:
+class HistoryView(BokehView):
     """`HistoryView(store).widget` is the tab; `on_pick_baseline(result)` / `on_open_config(config)` are the exits.
 
     `store`: a Store (left open), a path, or None for the default history file. The
@@ -65,17 +61,14 @@ class HistoryView:
         self.details = widgets.HTML()
         self.message = widgets.HTML()
         self.source = ColumnDataSource({name: [] for name in _SERIES_COLUMNS}, name="history_series")
-        self.document = Document()
         self.chart = self._chart()
-        self.document.add_root(self.chart)
-        self.document.on_event(DocumentReady, lambda event: self._show_series())
         self.widget = widgets.VBox(
             [
                 widgets.HBox([self.workload, self.refresh_button]),
                 self.runs,
                 widgets.HBox([self.baseline_button, self.config_button]),
                 self.details,
-                BokehModel(self.chart),
+                self.bokeh_model(self.chart),
                 self.message,
             ]
         )
@@ -158,9 +151,9 @@ class HistoryView:
         self.baseline_button.disabled = not ok
         self.config_button.disabled = self.selected is None
         self.details.value = _details(self.selected) if self.selected is not None else ""
-        self._show_series()
+        self.resend()
 
-    def _show_series(self) -> None:
+    def resend(self) -> None:
         points = self.series
         self.source.data = {
             "x": list(range(len(points))),

@@ -1,21 +1,18 @@
 """How the app's parts are arranged, and the small widgets made per workload and per trial.
 
-Kept apart from `app.py` so the app reads as behaviour; this file is only placement.
+Kept apart from `app.py` so the app reads as behaviour; this file is only placement, and imports
+no app: the app hands its parts to `build_layout`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import ipywidgets as widgets
 
-from workbench.workloads import Workload, builtin_workloads
-
-if TYPE_CHECKING:
-    from workbench.ui.app import Workbench
-    from workbench.ui.runs import TrialRecord
-
-DEFAULT_WORKLOAD = "bev-perception"
+from workbench.ui.runs import TrialRecord
+from workbench.workloads import DEFAULT_WORKLOAD, Workload, builtin_workloads
 
 
 def workload_options(workload: Workload | str | None) -> tuple[list[tuple[str, Any]], bool]:
@@ -54,33 +51,34 @@ def progress_row(record: TrialRecord) -> tuple[widgets.IntProgress, widgets.HTML
     return bar, caption
 
 
-def build_layout(app: Workbench) -> widgets.VBox:
-    workload_row = widgets.HBox([app.workload_picker, app.preset_picker])
-    app.workload_picker.layout = widgets.Layout(width="520px")
-    config = widgets.Accordion(
-        children=[app.panel.widget], titles=("Configuration (generated from TrainConfig)",), selected_index=0
-    )
-    window = widgets.HBox([app.warmup, app.steps, app.precision, app.budget, app.profile_box])
-    buttons = widgets.HBox([app.run_baseline_button, app.run_candidate_button, app.cancel_button])
-    export = widgets.Accordion(children=[app.export.widget], titles=("Export the selected run",), selected_index=0)
+def build_layout(
+    *,
+    header: widgets.Widget,
+    workload: Sequence[widgets.Widget],
+    config: widgets.Widget,
+    window: Sequence[widgets.Widget],
+    buttons: Sequence[widgets.Widget],
+    live: Sequence[widgets.Widget],
+    results: Sequence[widgets.Widget],
+    export: widgets.Widget,
+    tabs: Mapping[str, widgets.Widget],
+) -> widgets.VBox:
+    """The app's page, top to bottom: what to run, how, the buttons, live progress and charts, the
+    comparison, the export, then the tabs. The parts are handed in, so this module knows no app."""
     return widgets.VBox(
         [
-            app.header,
-            workload_row,
-            config,
-            window,
-            buttons,
-            app.status,
-            app.progress,
-            app.charts.widget,
-            widgets.HTML("<b>Comparison against the baseline</b>"),
-            app.table,
-            app.ranks,
-            export,
-            widgets.Tab(
-                children=[app.diagnosis.widget, app.history.widget, app.tune.widget, app.timeline.widget],
-                titles=("Diagnosis of the latest run", "History", "Tune", "Timeline"),
+            header,
+            widgets.HBox(list(workload)),
+            widgets.Accordion(
+                children=[config], titles=("Configuration (generated from TrainConfig)",), selected_index=0
             ),
+            widgets.HBox(list(window)),
+            widgets.HBox(list(buttons)),
+            *live,
+            widgets.HTML("<b>Comparison against the baseline</b>"),
+            *results,
+            widgets.Accordion(children=[export], titles=("Export the selected run",), selected_index=0),
+            widgets.Tab(children=list(tabs.values()), titles=tuple(tabs)),
         ],
         layout=widgets.Layout(width="100%"),
     )

@@ -12,7 +12,8 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
-from workbench.analysis.compare import CandidateComparison, Comparison, TrialSummary, pick_winner, summarize
+from workbench.analysis.compare import CandidateComparison, Comparison, TrialSummary, summarize
+from workbench.analysis.merge import merge_comparisons
 from workbench.measure.result import TrialResult
 from workbench.ui.runs import Entry
 
@@ -43,20 +44,12 @@ _CSS = (
 
 
 def comparison_for(entries: Sequence[Entry]) -> Comparison | None:
-    """The current baseline and the candidates compared against it, winner marked; None before any.
-
-    Each candidate was compared in its own protocol run against this baseline; the winner
-    among them is `pick_winner`'s (intervals that overlap tie)."""
+    """The current baseline and the candidates compared against it (`merge_comparisons`); None before any."""
     baseline = next((e for e in entries if e.role == "baseline" and e.results()), None)
-    rows = [e.row for e in entries if e.role == "candidate" and e.baseline is baseline and e.row is not None]
-    if baseline is None or not rows:
+    if baseline is None:
         return None
-    winner, tied = pick_winner(rows)
-    last = next(e.comparison for e in reversed(entries) if e.row is not None and e.comparison is not None)
-    return Comparison(summarize(baseline.results()), rows, rounds=max(r.units for r in rows),
-                      confidence=last.confidence, equivalence_margin=last.equivalence_margin, design=last.design,
-                      paired_workers=last.paired_workers, precision=last.precision, noise=last.noise,
-                      winner=winner, tied=tied)  # fmt: skip
+    runs = [e.comparison for e in entries if e.role == "candidate" and e.baseline is baseline]
+    return merge_comparisons(baseline.results(), [c for c in runs if c is not None])
 
 
 def render_table(entries: Sequence[Entry], comparison: Comparison | None) -> str:

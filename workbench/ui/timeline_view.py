@@ -3,8 +3,7 @@ window's Gantt, and the A/B diff of what changed, op by op.
 
 A thin view: the memory timeline and the Gantt are the profile's own plain data
 (`measure.memory_timeline`, `measure.step_timeline`, already downsampled), the diff is
-`analysis.trace_diff`. Charts follow `charts.py`: plain Bokeh in one document, whole-source
-replacement, a full re-send when a browser view reports ready (early messages are lost).
+`analysis.trace_diff`. The charts are a `BokehView`.
 """
 
 from __future__ import annotations
@@ -14,16 +13,14 @@ import zlib
 from typing import Any
 
 import ipywidgets as widgets
-from bokeh.document import Document
-from bokeh.events import DocumentReady
 from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource, FactorRange, HoverTool
 from bokeh.plotting import figure
-from jupyter_bokeh import BokehModel
 
 from workbench.analysis.trace_diff import TraceDiffError, diff_trials
 from workbench.measure.memory_timeline import CATEGORIES
 from workbench.measure.result import TrialResult
+from workbench.ui.bokeh_view import BokehView
 
 _MIB = float(2**20)
 _CATEGORY_COLORS = ("#2e7d32", "#c9a227", "#1f4e9c", "#c62828", "#8e6cc0", "#9e9e9e")
@@ -32,7 +29,7 @@ _PHASE_COLORS = {"data": "#8c8c8c", "forward": "#4c72b0", "backward": "#dd8452",
 SIDES = ("baseline", "candidate")
 
 
-class TimelineView:
+class TimelineView(BokehView):
     """`TimelineView().widget` is the tab; `show(baseline, candidate)` fills it from two profiled results."""
 
     def __init__(self) -> None:
@@ -51,14 +48,12 @@ class TimelineView:
             self._memory_figs[side] = self._memory_figure(side)
         self.gantt = ColumnDataSource({n: [] for n in ("lane", "left", "right", "name", "step", "color")}, name="gantt")
         self._gantt_fig = self._gantt_figure()
-        self.document = Document()
-        self.document.add_root(column(row(*self._memory_figs.values()), self._gantt_fig))
-        self.document.on_event(DocumentReady, lambda event: self._send())
         self._data: dict[str, Any] = {}
         self.diff: Any = None
         self.shown: tuple[str | None, ...] = ()
         """Trial ids of the (baseline, candidate) last drawn: the app draws a pair once."""
-        self.widget = widgets.VBox([self.header, BokehModel(self.document.roots[0]), self.diff_table])
+        chart = self.bokeh_model(column(row(*self._memory_figs.values()), self._gantt_fig))
+        self.widget = widgets.VBox([self.header, chart, self.diff_table])
 
     # --- filling -----------------------------------------------------------------------
 
@@ -76,9 +71,9 @@ class TimelineView:
                 self.diff_table.value = diff_html(self.diff)
             except TraceDiffError as exc:
                 self.diff_table.value = f"<span style='color:#666'>No diff: {html.escape(str(exc))}</span>"
-        self._send()
+        self.resend()
 
-    def _send(self) -> None:
+    def resend(self) -> None:
         """Whole-source replacement from the last `show` (also on a browser view's DocumentReady)."""
         for side in SIDES:
             data = self._data.get(side) or timeline_data(None)

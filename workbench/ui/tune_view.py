@@ -2,9 +2,7 @@
 
 Thin over `workbench.tune.tune`: the search runs on one background thread and its
 `on_update` stream is the only writer of this view (the trials table, the best so far, the
-Pareto chart of cost against peak memory). The chart is plain Bokeh like the live charts,
-re-sent in full whenever a browser view reports ready, so an update sent before the view
-existed is not lost.
+Pareto chart of cost against peak memory, a `BokehView`).
 """
 
 from __future__ import annotations
@@ -15,14 +13,12 @@ from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as widgets
-from bokeh.document import Document
-from bokeh.events import DocumentReady
 from bokeh.models import ColumnDataSource, HoverTool
 from bokeh.plotting import figure
-from jupyter_bokeh import BokehModel
 
 from workbench.config import ConfigError, TrainConfig
-from workbench.textfmt import format_bytes
+from workbench.textfmt import format_bytes, parse_bytes
+from workbench.ui.bokeh_view import BokehView
 from workbench.ui.exporter import ExportPanel
 
 MAX_ROWS = 40
@@ -30,7 +26,7 @@ MAX_ROWS = 40
 FRONT_COLOR, OTHER_COLOR = "#d62728", "#7f7f7f"
 
 
-class TuneView:
+class TuneView(BokehView):
     """`spec()` returns the run's workload, preset, device and window (the app's current choices)."""
 
     def __init__(self, spec: Callable[[], dict[str, Any]], insert_cell: Callable[[str], str]) -> None:
@@ -54,8 +50,7 @@ class TuneView:
         self.export = ExportPanel(insert_cell)
         self.pareto = ColumnDataSource({"cost": [], "peak_mib": [], "label": [], "color": []}, name="pareto")
         self._last_pareto: dict[str, list[Any]] = {}
-        self.document = self._document()
-        self.chart = BokehModel(self.document.roots[0])
+        self.chart = self.bokeh_model(self._pareto_figure())
         self.rows: list[dict[str, Any]] = []
         self.result: Any = None
         self._cancel = threading.Event()
@@ -111,8 +106,6 @@ class TuneView:
         if self._thread is not None and self._thread.is_alive():
             self._say("a search is already running: cancel it first", error=True)
             return False
-        from workbench.cli_diagnose import parse_bytes
-
         try:
             space = self.space()
             max_memory = parse_bytes(self.max_memory.value) if self.max_memory.value.strip() else None
@@ -201,16 +194,13 @@ class TuneView:
 
     # --- the Pareto chart -----------------------------------------------------------------
 
-    def _document(self) -> Document:
+    def _pareto_figure(self) -> Any:
         fig = figure(title="Cost vs peak memory (the Pareto front in red)", height=260, sizing_mode="stretch_width",
                      x_axis_label="objective (ms per sample or per step)", y_axis_label="peak MiB",
                      tools="pan,box_zoom,reset,save", name="pareto_chart")  # fmt: skip
         dots = fig.scatter(x="cost", y="peak_mib", color="color", size=8, source=self.pareto)
         fig.add_tools(HoverTool(renderers=[dots], tooltips=[("trial", "@label"), ("cost", "@cost{0.000}")]))
-        document = Document()
-        document.add_root(fig)
-        document.on_event(DocumentReady, lambda event: self._resend())
-        return document
+        return fig
 
     def _set_pareto(self, rows: list[dict[str, Any]]) -> None:
         from workbench.tune import pareto_front
@@ -227,7 +217,7 @@ class TuneView:
             self._last_pareto = data
             self.pareto.data = data
 
-    def _resend(self) -> None:
+    def resend(self) -> None:
         self.pareto.data = {k: list(v) for k, v in self._last_pareto.items()} or self.pareto.data
 
     def _say(self, text: str, error: bool = False) -> None:

@@ -16,6 +16,8 @@ from typing import Any
 from workbench.workloads.base import Workload, WorkloadError
 
 PRESETS = ("tiny", "base", "large")
+DEFAULT_WORKLOAD = "bev-perception"
+"""The workload the CLI and the app start from when none is named."""
 
 
 @dataclass(frozen=True)

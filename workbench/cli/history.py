@@ -1,0 +1,48 @@
+"""`workbench history`: stored trials, newest first."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from workbench.cli.options import UsageError, add_store_arg, config_from
+
+
+def add_commands(sub: Any) -> None:
+    history = sub.add_parser("history", help="stored trials, newest first")
+    history.add_argument("--workload", default=None, help="only this workload")
+    history.add_argument("--config", default=None, metavar="K=V[,K=V]",
+                         help="only this exact configuration ('' for the defaults)")  # fmt: skip
+    history.add_argument("--commit", default=None, help="only trials at this git commit (sha or prefix)")
+    history.add_argument("--since", default=None, metavar="YYYY-MM-DD", help="only trials started on or after")
+    history.add_argument("--limit", type=int, default=20, help="most rows to show (default 20)")
+    add_store_arg(history)
+    history.add_argument("--json", action="store_true")
+    history.set_defaults(handler=_cmd_history)
+
+
+def _cmd_history(args: argparse.Namespace) -> int:
+    from datetime import datetime
+    from pathlib import Path
+
+    from workbench.store import Store, default_store_path
+    from workbench.store.text import format_history
+
+    if args.limit < 1:
+        raise UsageError(f"--limit must be >= 1, got {args.limit}")
+    try:
+        since = datetime.strptime(args.since, "%Y-%m-%d").timestamp() if args.since else None
+    except ValueError:
+        raise UsageError(f"--since must be a date YYYY-MM-DD, got '{args.since}'") from None
+    config = config_from([args.config]) if args.config is not None else None
+    path = args.store or default_store_path()
+    if path is None:
+        raise UsageError("the run history is off (WORKBENCH_STORE=off); pass --store PATH")
+    if not Path(path).exists():
+        print("[]" if args.json else f"no runs stored yet (history: {path})")
+        return 0
+    with Store(path, create=False) as store:
+        rows = store.history(workload=args.workload, config=config, commit=args.commit, since=since, limit=args.limit)
+    print(json.dumps([r.to_dict() for r in rows], indent=2) if args.json else format_history(rows, store.path))
+    return 0

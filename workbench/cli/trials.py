@@ -1,0 +1,84 @@
+"""`workbench run` and `workbench compare`: measure one configuration, or compare candidates with a baseline."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from workbench.cli.options import (
+    EXIT_FAILED_TRIAL,
+    add_protocol_args,
+    add_set_arg,
+    add_store_arg,
+    add_trial_args,
+    check_on_device,
+    config_from,
+    protocol_from,
+    store_arg,
+)
+
+
+def add_commands(sub: Any) -> None:
+    run = sub.add_parser("run", help="measure one configuration")
+    add_trial_args(run)
+    add_set_arg(run, help="config fields to change, e.g. --set amp=bf16 --set compile=default")
+    run.add_argument("--profile", action="store_true",
+                     help="add a profiled window after the timed one and print the diagnosis")  # fmt: skip
+    add_store_arg(run, saving=True)
+    run.set_defaults(handler=_cmd_run)
+
+    compare = sub.add_parser("compare", help="compare candidates against a baseline (calibrated, adaptive)")
+    add_trial_args(compare, steps_help="timed steps of each configuration's fresh characterizing trial")
+    compare.add_argument(
+        "--baseline", default="", metavar="K=V[,K=V]", help="baseline config overrides (default: defaults)"
+    )
+    compare.add_argument("--candidate", action="append", default=[], metavar="K=V[,K=V]", required=True,
+                         help="a candidate's overrides on top of the baseline; repeat for more")  # fmt: skip
+    add_protocol_args(compare)
+    add_store_arg(compare, saving=True)
+    compare.set_defaults(handler=_cmd_compare)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from workbench.api import run_and_store
+    from workbench.progress import ProgressLine
+
+    config = config_from(args.overrides)
+    with ProgressLine(enabled=not args.quiet and not args.json) as progress:
+        result = run_and_store(args.workload, config, warmup=args.warmup, steps=args.steps, device=args.device,
+                               preset=args.preset, on_event=progress, timeout_s=args.timeout,
+                               store=store_arg(args), profile=args.profile)  # fmt: skip
+    if args.json:
+        print(result.to_json(indent=2))
+    else:
+        from workbench.report import run_summary
+
+        print(run_summary(result, verbose=getattr(args, "verbose", False)))
+        if args.profile:
+            from workbench.analysis.diagnose import diagnose_trial
+
+            print("\n" + diagnose_trial(result).to_text(result))
+    return 0 if result.ok else EXIT_FAILED_TRIAL
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from workbench.api import run_comparison
+    from workbench.progress import ProgressLine
+
+    baseline = config_from([args.baseline])
+    candidates = [config_from([text], base=baseline) for text in args.candidate]
+    protocol = protocol_from(args)
+    check_on_device([baseline, *candidates], args.device, ["baseline", *(f"candidate '{c}'" for c in args.candidate)])
+    with ProgressLine(enabled=not args.quiet and not args.json) as progress:
+        outcome = run_comparison(args.workload, baseline, candidates, protocol=protocol, warmup=args.warmup,
+                                 steps=args.steps, device=args.device, preset=args.preset, on_event=progress,
+                                 timeout_s=args.timeout, store=store_arg(args))  # fmt: skip
+    if args.json:
+        print(json.dumps(outcome.to_dict(), indent=2))
+    else:
+        from workbench.report import comparison_table
+
+        print(comparison_table(outcome))
+    failed = [c for c in outcome.comparison.candidates if c.summary.status != "ok"]
+    return EXIT_FAILED_TRIAL if failed or outcome.comparison.baseline.status != "ok" else 0
