@@ -24,13 +24,14 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from export_matrix import valid_configs
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import TensorDataset
 from torchao_float8 import torchao_verdicts
 
 from workbench.cli import build_parser
-from workbench.config import CheckpointPolicy, ConfigError, TrainConfig, field_choices
+from workbench.config import CheckpointPolicy, ConfigError, TrainConfig
 from workbench.export import FORMATS, export_config, to_command, to_json, to_snippet
 from workbench.optimizations import build
 from workbench.optimizations.checkpointing import SAVED_OPS
@@ -359,43 +360,6 @@ def test_bad_device_strings_are_refused(device: str) -> None:
 
 
 # --- every valid combination --------------------------------------------------------
-
-
-AXES = ("amp", "compile", "activation_checkpointing", "cuda_graphs", "optimizer_impl", "attention_backend")
-
-
-def valid_configs() -> list[TrainConfig]:
-    """Every valid combination of the main enumerated toggles; the other fields cycle along."""
-    axes = [field_choices(name) or () for name in AXES]
-    cycled = [
-        ("channels_last", (False, True)),
-        ("optimizer", ("adamw", "sgd", "adamw")),
-        ("matmul_precision", ("highest", "high", "medium", "high")),
-        ("cudnn_tf32", (True, False, True)),
-        ("grad_accumulation", (1, 2, 3, 1, 4)),
-        ("checkpoint_target", ("auto", "Block", "encoder.*")),
-        ("compile_backend", ("inductor", "eager", "inductor", "aot_eager", "inductor", "inductor")),
-        ("compile_fullgraph", (False, True, False)),
-        ("compile_dynamic", (None, True, False, None)),
-        ("num_workers", (0, 2, 0, 4, 1)),
-        ("pin_memory", (False, True, False)),
-        ("batch_size", (None, 16, None, 7)),
-    ]
-    configs = []
-    for i, values in enumerate(itertools.product(*axes)):
-        fields = dict(zip(AXES, values))
-        fields.update({name: choices[i % len(choices)] for name, choices in cycled})
-        if fields["activation_checkpointing"] == "off":
-            fields["checkpoint_target"] = "auto"
-        if fields["compile"] == "off":
-            fields.update(compile_backend="inductor", compile_fullgraph=False, compile_dynamic=None)
-        if fields["num_workers"]:
-            fields.update(prefetch_factor=(None, 3)[i % 2], persistent_workers=i % 3 == 0)
-        try:
-            configs.append(TrainConfig(**fields))
-        except ConfigError:
-            continue  # a combination TrainConfig rejects (e.g. cuda_graphs with fp16)
-    return configs
 
 
 def imported_modules(tree: ast.Module) -> list[str]:
