@@ -15,6 +15,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
+from workbench.callable_module import make_callable
 from workbench.config import ConfigError, TrainConfig, field_doc, field_names
 from workbench.optimizations.checkpointing import SAVED_OP_NAMES
 
@@ -1010,3 +1011,6 @@ def _import_block(imports: set[str]) -> str:
 def _is_torch(line: str) -> bool:
     """torch and torchao: the snippet's third-party imports (isort's second group)."""
     return line.split()[1].split(".")[0] in ("torch", "torchao")
+
+
+make_callable(__name__, export_config)  # wb.export(config, "snippet"): the module is the public function
