@@ -39,7 +39,7 @@ def test_tune_and_export_are_callable_although_they_are_also_subpackages() -> No
 
 
 def test_an_unknown_name_says_which_names_exist() -> None:
-    with pytest.raises(AttributeError, match="public names: .*run_trial"):
+    with pytest.raises(AttributeError, match=r"public names: .*run_trial"):
         wb.run_trails  # noqa: B018
 
 
