@@ -47,6 +47,7 @@ _PUBLIC = {
     "diagnose": "workbench.analysis.diagnose:diagnose_trial",
     "estimate_memory": "workbench.estimate:estimate_memory",
     "export": "workbench.export",
+    "watch": "workbench.watch:watch",
 }
 
 __all__ = [
@@ -64,6 +65,7 @@ __all__ = [
     "load_workload",
     "run_trial",
     "tune",
+    "watch",
 ]
 
 
