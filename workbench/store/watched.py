@@ -141,9 +141,9 @@ def flush_watch_run(
 
 def watched_runs(
     store: Store, *, name: str | None = None, commit: str | None = None, since: float | None = None,
-    before_run: int | None = None, limit: int | None = 50,
+    before_run: int | None = None, limit: int | None = 50, now: float | None = None,
 ) -> list[WatchedRun]:  # fmt: skip
-    """Watched runs newest first, each with its state decided now; filters combine with AND."""
+    """Watched runs newest first, each with its state decided at `now` (default: now); filters combine with AND."""
     clauses, params = ["1"], []
     for clause, value in (("name = ?", name), ("git_commit LIKE ? || '%'", commit), ("started_at >= ?", since),
                           ("run_id < ?", before_run)):  # fmt: skip
@@ -155,16 +155,16 @@ def watched_runs(
         sql, params = sql + " LIMIT ?", [*params, int(limit)]
     with store._read() as conn:
         rows = conn.execute(sql, params).fetchall()
-    return [_watched(row) for row in rows]
+    return [_watched(row, now) for row in rows]
 
 
-def watched_run(store: Store, run_id: int) -> WatchedRun:
+def watched_run(store: Store, run_id: int, *, now: float | None = None) -> WatchedRun:
     """One watched run by its run id; KeyError naming the store when absent."""
     with store._read() as conn:
         row = conn.execute("SELECT * FROM watch_runs WHERE run_id = ?", (run_id,)).fetchone()
     if row is None:
         raise KeyError(f"no watched run {run_id} in {store.path} (`workbench history` lists them, kind 'watch')")
-    return _watched(row)
+    return _watched(row, now)
 
 
 def watch_steps(store: Store, run_id: int, *, recent: bool = False) -> list[StepRow]:
@@ -205,10 +205,11 @@ def _upsert(conn: Any, run_id: int, recent: int, rows: Sequence[StepRow]) -> Non
     )
 
 
-def _watched(row: Any) -> WatchedRun:
+def _watched(row: Any, now: float | None) -> WatchedRun:
     return WatchedRun(
         run_id=row["run_id"], name=row["name"],
-        status=decide_status(row["status"], row["host"], row["pid"], row["pid_started_at"], row["heartbeat_at"]),
+        status=decide_status(row["status"], row["host"], row["pid"], row["pid_started_at"], row["heartbeat_at"],
+                              now),
         message=row["message"], host=row["host"], pid=row["pid"], started_at=row["started_at"],
         heartbeat_at=row["heartbeat_at"], ended_at=row["ended_at"], last_step=row["last_step"], warmup=row["warmup"],
         device_name=row["device_name"], commit=row["git_commit"], dirty=bool(row["git_dirty"]), env_key=row["env_key"],
