@@ -47,7 +47,7 @@ _PUBLIC = {
     "diagnose": "workbench.analysis.diagnose:diagnose_trial",
     "estimate_memory": "workbench.estimate:estimate_memory",
     "export": "workbench.export",
-    "watch": "workbench.watch:watch",
+    "watch": "workbench.watch",
 }
 
 __all__ = [
