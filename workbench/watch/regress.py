@@ -56,8 +56,8 @@ def check_watched_run(
     row.current_trial_ids = [f"watch-{run.run_id}"]
     if reference is not None:
         row.reference_trial_ids = [f"watch-{reference.run_id}"]
-    else:
-        row.notes.append(f"no earlier cleanly ended watched run of '{run.name}' on this hardware to hold it against")
+    else:  # in place of "reference has no step": there is no reference at all
+        row.notes = [f"no earlier cleanly ended watched run of '{run.name}' on this hardware to hold it against"]
     if run.status != "ended" or run.message:
         row.notes.append(f"the watched run is {run.status}{': ' + run.message if run.message else ''}")
     return RegressionReport(f"watch:{run.name}", label, threshold, confidence, [row])
