@@ -146,3 +146,12 @@ def test_readme_links_resolve() -> None:
     assert not missing, f"README links to missing files: {missing}"
     docs_pages = {p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")} - {"docs/index.md"}
     assert docs_pages <= set(targets), f"pages the README's feature list does not link: {docs_pages - set(targets)}"
+
+
+def test_readme_stays_a_front_door() -> None:
+    """Reference material belongs on a docs page, the development log in git history."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines; move reference material to docs/"
+    first_blocks = [b.code.strip() for b in SHELL if b.page.name == "README.md"][:2]
+    assert first_blocks == ["./scripts/setup && ./scripts/lab", "./scripts/setup && .venv/bin/python -m pytest"]
+    assert "./scripts/setup && .venv/bin/python -m pytest" in (ROOT / ".ci" / "run").read_text()
