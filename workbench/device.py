@@ -178,7 +178,7 @@ def _activation_offload(dev: torch.device) -> Availability:
 def _float8(recipe: str, dev: torch.device) -> Availability:
     if recipe == "off":
         return ALWAYS
-    from workbench.optimizations.float8 import FLOAT8_CAPABILITY, INSTALL_HINT
+    from workbench.levers.float8 import FLOAT8_CAPABILITY, INSTALL_HINT
 
     need = ".".join(map(str, FLOAT8_CAPABILITY))
     if dev.type != "cuda":
@@ -203,7 +203,7 @@ def _compiled_autograd(dev: torch.device) -> Availability:
         return Availability(
             False, f"compiles the backward with torch.compile, which cannot run here: {compiled.reason}"
         )
-    from workbench.optimizations.compiled_autograd import CompiledAutogradUnavailable, compiled_autograd_api
+    from workbench.levers.compiled_autograd import CompiledAutogradUnavailable, compiled_autograd_api
 
     try:
         compiled_autograd_api()
@@ -218,7 +218,7 @@ def _memory_budget(budget: float, dev: torch.device) -> Availability:
     compiled = _compile("default", dev)
     if not compiled.available:
         return Availability(False, f"acts through torch.compile, which cannot run here: {compiled.reason}")
-    from workbench.optimizations.memory_budget import MemoryBudgetUnavailable, functorch_config
+    from workbench.levers.memory_budget import MemoryBudgetUnavailable, functorch_config
 
     try:
         functorch_config()
@@ -388,7 +388,7 @@ def _cudnn_tf32(value: bool, dev: torch.device) -> Availability:
 
 def _optimizer_impl(value: str, dev: torch.device) -> Availability:
     if value == "default":
-        from workbench.optimizations.optimizer import default_impl_on
+        from workbench.levers.optimizer import default_impl_on
 
         return Availability(True, f"PyTorch's choice on {dev.type}: {default_impl_on(dev.type)}")
     if value != "fused":

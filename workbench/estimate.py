@@ -28,7 +28,7 @@ from workbench.peak_specs import DeviceSpec, lookup_spec
 from workbench.workloads import Workload, load_workload
 
 if TYPE_CHECKING:
-    from workbench.optimizations.build import TrainStep
+    from workbench.levers.build import TrainStep
 
 # The CUDA caching allocator's constants (c10/cuda/CUDACachingAllocator.cpp):
 #: kMinBlockSize: every block is a multiple of 512 bytes.
@@ -275,8 +275,8 @@ def _real_step_estimate(
     the same tracker (CUDA rounding applied per storage), after one untracked step for optimizer state."""
     import torch
 
+    from workbench.levers.build import build
     from workbench.measure.memory import track_step_memory
-    from workbench.optimizations.build import build
 
     cuda = is_cuda_device_name(device_name)
     wl = load_workload(workload, preset=preset, **config.extra) if isinstance(workload, str) else workload
@@ -462,7 +462,7 @@ def fake_train_step(
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from workbench.device import capabilities
-    from workbench.optimizations.build import build
+    from workbench.levers.build import build
 
     wl = load_workload(workload, preset=preset, **config.extra) if isinstance(workload, str) else workload
     cpu_config, notes = cpu_equivalent(config, cuda=cuda)
@@ -487,7 +487,7 @@ def cpu_equivalent(config: TrainConfig, *, cuda: bool = False) -> tuple[TrainCon
     changes: dict[str, Any] = {}
     notes: list[str] = []
     if config.optimizer_impl == "default" and cuda:
-        from workbench.optimizations.optimizer import default_impl_on
+        from workbench.levers.optimizer import default_impl_on
 
         changes["optimizer_impl"] = default_impl_on("cuda")
     if not config.cudnn_tf32:

@@ -1,6 +1,6 @@
 """Take a configuration away: a paste-able plain-PyTorch snippet, JSON, or the CLI command.
 
-The snippet is generated text, not a copy of `workbench.optimizations`: users paste it into
+The snippet is generated text, not a copy of `workbench.levers`: users paste it into
 their own training scripts, so it must not import workbench and should hold only what the
 config turns on. The price is a second implementation of each toggle; tests run the snippet
 on a model of their own and check every toggle on the user's objects to keep the two equal.
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.config import ConfigError, TrainConfig, field_doc, field_names
-from workbench.optimizations.checkpointing import SAVED_OP_NAMES
+from workbench.levers.checkpointing import SAVED_OP_NAMES
 
 FORMATS = ("snippet", "json", "command")
 
@@ -32,7 +32,7 @@ _SDPA_BACKENDS = {
     "cudnn": "CUDNN_ATTENTION",
 }
 _DEVICE = re.compile(r"[a-z]+(:[0-9]+)?")
-_WARMUP_ITERS = 3  # as `workbench.optimizations.cuda_graphs.WARMUP_ITERS` and PyTorch's recipe
+_WARMUP_ITERS = 3  # as `workbench.levers.cuda_graphs.WARMUP_ITERS` and PyTorch's recipe
 
 
 def export_config(config: TrainConfig, fmt: str, **kwargs: Any) -> str:
@@ -165,7 +165,7 @@ def to_snippet(config: TrainConfig, *, device: str = "cuda", nvtx: bool = False)
     """Plain-PyTorch code applying `config` to the user's own model, optimizer, data and loop.
 
     The snippet defines `optimize_model`, `make_optimizer`, `make_loader` and `train_step`
-    (plus `make_graphed_step` under CUDA graphs), in the order `optimizations.build` applies
+    (plus `make_graphed_step` under CUDA graphs), in the order `levers.build` applies
     the toggles, with a header listing the config and a usage example. `nvtx=True` wraps the
     step and each phase of `train_step` in NVTX ranges (Nsight Systems shows them; no-ops off CUDA).
     """
@@ -401,7 +401,7 @@ def _add_lever_statements(snippet: _Snippet, config: TrainConfig) -> None:
 
 
 def _add_checkpointing(snippet: _Snippet, policy: str) -> None:
-    """`checkpoint_modules` and the patched forward; mirrors `optimizations.checkpointing`."""
+    """`checkpoint_modules` and the patched forward; mirrors `levers.checkpointing`."""
     snippet.imports |= {"import fnmatch", "import functools", "from typing import Any"}
     snippet.functions.append(
         "def checkpoint_modules(model: nn.Module, target: str) -> list[str]:\n"
@@ -465,7 +465,7 @@ def _add_checkpointing(snippet: _Snippet, policy: str) -> None:
 
 
 def _add_offload(snippet: _Snippet) -> None:
-    """`offload_modules`; mirrors `optimizations.offload`."""
+    """`offload_modules`; mirrors `levers.offload`."""
     snippet.imports |= {"import fnmatch", "import functools"}
     snippet.functions += [
         "def _pack_to_host(tensor: torch.Tensor) -> tuple[torch.device, torch.Tensor]:\n"
@@ -504,7 +504,7 @@ def _add_offload(snippet: _Snippet) -> None:
 
 
 def _add_float8(snippet: _Snippet, recipe: str) -> None:
-    """The per-Linear filter torchao calls; mirrors `optimizations.float8.float8_worth_converting`."""
+    """The per-Linear filter torchao calls; mirrors `levers.float8.float8_worth_converting`."""
     snippet.imports.add("from torchao.float8 import Float8LinearConfig, convert_to_float8_training")
     if recipe == "tensorwise":
         rule = [
@@ -537,7 +537,7 @@ def _add_float8(snippet: _Snippet, recipe: str) -> None:
 
 
 def _add_flex_attention(snippet: _Snippet) -> None:
-    """`flex_sdpa` and `use_flex_attention`; mirrors `optimizations.flex_attention`."""
+    """`flex_sdpa` and `use_flex_attention`; mirrors `levers.flex_attention`."""
     snippet.imports.add("from torch.nn.attention.flex_attention import create_block_mask, flex_attention")
     snippet.functions += [
         "def _causal(\n"
@@ -668,7 +668,7 @@ def _make_optimizer(config: TrainConfig, device: str) -> str:
     impl: str = config.optimizer_impl
     source = ""
     if impl == "default":
-        from workbench.optimizations.optimizer import default_impl_on
+        from workbench.levers.optimizer import default_impl_on
 
         device_type = device.split(":")[0]
         impl = default_impl_on(device_type)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.config import TrainConfig
-from workbench.optimizations import TrainStep, build
+from workbench.levers import TrainStep, build
 from workbench.workloads.base import Workload
 
 pytestmark = [
@@ -148,7 +148,7 @@ def test_offloaded_forward_and_backward_never_make_the_host_wait() -> None:
     """The copies to pinned host memory and back are non-blocking: under CUDA's sync debug mode
     "error" any synchronizing call (a blocking copy, a stream sync) raises. Gradients are checked
     against the same model without offload."""
-    from workbench.optimizations.offload import apply_activation_offload
+    from workbench.levers.offload import apply_activation_offload
 
     torch.manual_seed(0)
     model, reference = Blocks().cuda(), Blocks().cuda()

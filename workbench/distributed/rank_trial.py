@@ -25,11 +25,11 @@ from workbench.config import TrainConfig
 from workbench.distributed.overlap import comm_profile, intervals_from_events
 from workbench.distributed.sharding import shard_workload
 from workbench.distributed.stats import summarize_ranks
+from workbench.levers.build import TrainStep, build
 from workbench.measure.events import EventSink, TrialFinished, TrialStarted
 from workbench.measure.result import TrialResult
 from workbench.measure.timing import synchronize
 from workbench.measure.window import LossLog, run_window
-from workbench.optimizations.build import TrainStep, build
 from workbench.workloads import Workload, load_workload
 
 PROFILE_STEPS = 3

@@ -29,7 +29,7 @@ from workbench.measure.timing import synchronize
 
 if TYPE_CHECKING:
     from workbench.config import TrainConfig
-    from workbench.optimizations.build import TrainStep
+    from workbench.levers.build import TrainStep
 
 PHASES = ("data", "forward", "backward", "optimizer", "step")
 COMPUTE_PHASES = ("forward", "backward", "optimizer", "step")

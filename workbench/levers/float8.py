@@ -19,7 +19,7 @@ from typing import Any
 from torch import nn
 
 from workbench.config import ConfigError
-from workbench.optimizations.record import Applied, name_list
+from workbench.levers.record import Applied, name_list
 
 FLOAT8_CAPABILITY = (8, 9)
 """Ada/Hopper: the first NVIDIA generations with float8 tensor cores (`torch._scaled_mm`)."""

@@ -14,8 +14,8 @@ from contextlib import AbstractContextManager, contextmanager
 import torch
 
 from workbench.config import ConfigError
-from workbench.optimizations.amp import ContextFactory
-from workbench.optimizations.record import Applied
+from workbench.levers.amp import ContextFactory
+from workbench.levers.record import Applied
 
 
 @contextmanager

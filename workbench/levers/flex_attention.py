@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from workbench.config import ConfigError
-from workbench.optimizations.record import Applied, name_list
+from workbench.levers.record import Applied, name_list
 
 ATTRIBUTE = "attention_fn"
 """The per-module attention call that `apply_flex_attention` replaces."""

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from workbench.config import ConfigError, TrainConfig
-from workbench.optimizations.checkpointing import find_targets, resolve_target
-from workbench.optimizations.record import Applied, name_list
+from workbench.levers.checkpointing import find_targets, resolve_target
+from workbench.levers.record import Applied, name_list
 
 DEFAULT_BUCKET_CAP_MB = 25.0
 """DistributedDataParallel's own default bucket size, reported when the config leaves it unset."""

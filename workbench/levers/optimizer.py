@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from workbench.config import ConfigError
-from workbench.optimizations.record import Applied
+from workbench.levers.record import Applied
 
 SGD_MOMENTUM = 0.9
 

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from workbench.config import ConfigError, TrainConfig
-from workbench.optimizations.amp import ContextFactory
-from workbench.optimizations.record import Applied
+from workbench.levers.amp import ContextFactory
+from workbench.levers.record import Applied
 
 
 class CompiledAutogradUnavailable(ConfigError):
@@ -37,7 +37,7 @@ def compiled_autograd_api() -> Any:
     if not callable(getattr(compiled_autograd, "_enable", None)):
         raise CompiledAutogradUnavailable(
             f"torch {torch.__version__} has no torch._dynamo.compiled_autograd._enable (the private API moved); "
-            "set compiled_autograd=false, and update workbench/optimizations/compiled_autograd.py"
+            "set compiled_autograd=false, and update workbench/levers/compiled_autograd.py"
         )
     return compiled_autograd
 

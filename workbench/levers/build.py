@@ -15,22 +15,22 @@ import torch
 from torch import nn
 
 from workbench.config import TrainConfig
-from workbench.optimizations.amp import ContextFactory, apply_amp
-from workbench.optimizations.attention import apply_attention_backend
-from workbench.optimizations.checkpointing import apply_activation_checkpointing
-from workbench.optimizations.compile import apply_compile
-from workbench.optimizations.compiled_autograd import apply_compiled_autograd
-from workbench.optimizations.cuda_graphs import CudaGraphStep, apply_cuda_graphs
-from workbench.optimizations.distributed import apply_data_parallel, grads_stay_bucket_views
-from workbench.optimizations.flex_attention import apply_flex_attention
-from workbench.optimizations.float8 import apply_float8
-from workbench.optimizations.memory_budget import apply_activation_memory_budget
-from workbench.optimizations.memory_format import apply_channels_last, to_channels_last
-from workbench.optimizations.offload import apply_activation_offload
-from workbench.optimizations.optimizer import apply_optimizer
-from workbench.optimizations.precision import apply_fp32_precision
-from workbench.optimizations.record import Applied
-from workbench.optimizations.threads import apply_intra_op_threads
+from workbench.levers.amp import ContextFactory, apply_amp
+from workbench.levers.attention import apply_attention_backend
+from workbench.levers.checkpointing import apply_activation_checkpointing
+from workbench.levers.compile import apply_compile
+from workbench.levers.compiled_autograd import apply_compiled_autograd
+from workbench.levers.cuda_graphs import CudaGraphStep, apply_cuda_graphs
+from workbench.levers.distributed import apply_data_parallel, grads_stay_bucket_views
+from workbench.levers.flex_attention import apply_flex_attention
+from workbench.levers.float8 import apply_float8
+from workbench.levers.memory_budget import apply_activation_memory_budget
+from workbench.levers.memory_format import apply_channels_last, to_channels_last
+from workbench.levers.offload import apply_activation_offload
+from workbench.levers.optimizer import apply_optimizer
+from workbench.levers.precision import apply_fp32_precision
+from workbench.levers.record import Applied
+from workbench.levers.threads import apply_intra_op_threads
 from workbench.workloads.base import Batch, Workload, WorkloadError, move_batch
 
 Mark = Callable[[str], None]

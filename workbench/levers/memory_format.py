@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.optimizations.record import Applied
+from workbench.levers.record import Applied
 from workbench.workloads.base import map_tensors
 
 

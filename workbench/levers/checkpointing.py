@@ -29,7 +29,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from workbench.config import ConfigError
-from workbench.optimizations.record import Applied, name_list
+from workbench.levers.record import Applied, name_list
 
 _MARK = "_workbench_checkpoint"
 """Attribute set on a wrapped module (value: the policy), so wrapping is never applied twice."""

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from workbench.config import ConfigError
-from workbench.optimizations.amp import ContextFactory
-from workbench.optimizations.record import Applied
+from workbench.levers.amp import ContextFactory
+from workbench.levers.record import Applied
 
 CONFIG_NAME = "activation_memory_budget"
 
@@ -42,7 +42,7 @@ def functorch_config() -> Any:
     if not hasattr(config, CONFIG_NAME):
         raise MemoryBudgetUnavailable(
             f"torch {torch.__version__} has no torch._functorch.config.{CONFIG_NAME} (the private API moved); "
-            "set activation_memory_budget=1.0, and update workbench/optimizations/memory_budget.py"
+            "set activation_memory_budget=1.0, and update workbench/levers/memory_budget.py"
         )
     return config
 

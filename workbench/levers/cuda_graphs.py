@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from workbench.config import ConfigError
-from workbench.optimizations.checkpointing import checkpointed_modules
-from workbench.optimizations.record import Applied
+from workbench.levers.checkpointing import checkpointed_modules
+from workbench.levers.record import Applied
 from workbench.workloads.base import map_tensors
 
 WARMUP_ITERS = 3

@@ -12,8 +12,8 @@ from contextlib import AbstractContextManager
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from workbench.config import ConfigError
-from workbench.optimizations.amp import ContextFactory
-from workbench.optimizations.record import Applied
+from workbench.levers.amp import ContextFactory
+from workbench.levers.record import Applied
 
 BACKENDS = {
     "math": SDPBackend.MATH,
@@ -25,7 +25,7 @@ BACKENDS = {
 
 def apply_attention_backend(backend: str) -> tuple[ContextFactory | None, Applied | None]:
     """A `sdpa_kernel` context factory, or (None, None) for 'auto' and for 'flex' (which replaces
-    the attention call in the model itself: `optimizations.flex_attention`)."""
+    the attention call in the model itself: `levers.flex_attention`)."""
     if backend in ("auto", "flex"):
         return None, None
     if backend not in BACKENDS:

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from workbench.config import ConfigError
-from workbench.optimizations.checkpointing import _no_match_message, find_targets, resolve_target
-from workbench.optimizations.record import Applied, name_list
+from workbench.levers.checkpointing import _no_match_message, find_targets, resolve_target
+from workbench.levers.record import Applied, name_list
 
 _MARK = "_workbench_offload"
 """Attribute set on a wrapped module, so offloading is never applied twice."""

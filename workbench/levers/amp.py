@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager
 import torch
 
 from workbench.config import ConfigError
-from workbench.optimizations.record import Applied
+from workbench.levers.record import Applied
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from workbench.config import TrainConfig
-from workbench.optimizations.record import Applied
+from workbench.levers.record import Applied
 
 
 def apply_compile(model: nn.Module, config: TrainConfig) -> tuple[nn.Module, Applied]:
