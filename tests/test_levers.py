@@ -128,7 +128,7 @@ def test_memory_budget_validation_says_how_to_fix_it(changes: dict[str, Any], me
 
 
 def test_memory_budget_capabilities_on_cpu_and_override_parsing() -> None:
-    from workbench.device import capabilities
+    from workbench.levers import capabilities
 
     table = capabilities("cpu")["activation_memory_budget"]
     assert table[1.0].available and "off" in table[1.0].reason
@@ -181,7 +181,7 @@ def test_compiled_autograd_validation_says_how_to_fix_it(changes: dict[str, Any]
 
 
 def test_compiled_autograd_capability_on_cpu() -> None:
-    from workbench.device import capabilities
+    from workbench.levers import capabilities
 
     table = capabilities("cpu")["compiled_autograd"]
     assert table[False].available and table[True].available and "compile" in table[True].reason
@@ -235,7 +235,7 @@ def test_flex_attention_replaces_the_workloads_attention_calls() -> None:
 
 
 def test_flex_attention_is_refused_on_cpu_with_the_reason_and_needs_compile() -> None:
-    from workbench.device import capabilities
+    from workbench.levers import capabilities
 
     flex = capabilities("cpu")["attention_backend"]["flex"]
     assert not flex.available and "cannot train on cpu" in flex.reason and "backward" in flex.reason
@@ -317,7 +317,7 @@ def test_float8_plan_and_module_filter_agree_and_skip_by_name() -> None:
 
 
 def test_float8_is_unavailable_on_cpu_and_refused_without_compile() -> None:
-    from workbench.device import capabilities
+    from workbench.levers import capabilities
 
     table = capabilities("cpu")["float8"]
     assert table["off"].available
@@ -386,7 +386,7 @@ def test_offload_wraps_the_matching_modules_and_keeps_gradients() -> None:
 
 
 def test_offload_is_unavailable_on_cpu_with_the_reason_and_refused_with_cuda_graphs() -> None:
-    from workbench.device import capabilities, check_config
+    from workbench.levers import capabilities, check_config
 
     offload = capabilities("cpu")["activation_offload"]["auto"]
     assert not offload.available and "already live in host memory" in offload.reason

@@ -406,7 +406,7 @@ def test_each_precision_toggle_sets_only_its_own_flag_for_the_step(
     # On CPU check_config refuses these (they would change nothing); the flags are what is tested.
     with pytest.raises(ConfigError, match=next(iter(changes))):
         make(**changes)
-    monkeypatch.setattr("workbench.device.check_config", lambda config, device: None)
+    monkeypatch.setattr("workbench.levers.registry.check_config", lambda config, device: None)
     default, _ = make()
     step, batches = make(**changes)
     seen: list[tuple[str, bool]] = []

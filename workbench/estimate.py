@@ -461,7 +461,7 @@ def fake_train_step(
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from workbench.device import capabilities
+    from workbench.levers import capabilities
     from workbench.levers.build import build
 
     wl = load_workload(workload, preset=preset, **config.extra) if isinstance(workload, str) else workload

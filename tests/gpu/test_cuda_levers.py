@@ -95,7 +95,7 @@ def _torchao_trains_in_float8_here(recipe: str) -> tuple[bool, str]:
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 def test_float8_capability_matches_whether_torchao_can_train_here(recipe: str) -> None:
     """The truth is a float8 step run with torchao directly: claimed available means it runs."""
-    from workbench.device import capabilities
+    from workbench.levers import capabilities
 
     runs, how = _torchao_trains_in_float8_here(recipe)
     claimed = capabilities("cuda")["float8"][recipe]
@@ -170,7 +170,7 @@ def test_offloaded_forward_and_backward_never_make_the_host_wait() -> None:
 
 def test_flex_attention_trains_like_sdpa_on_the_vlm() -> None:
     """FlexAttention, compiled, in the VLM's causal text and bidirectional vision blocks: same losses."""
-    from workbench.device import capabilities
+    from workbench.levers import capabilities
     from workbench.workloads import load_workload
 
     assert capabilities("cuda")["attention_backend"]["flex"].available

@@ -72,8 +72,9 @@ def run_rank_trial(
     progress: Progress,
 ) -> TrialResult:
     """Run this rank's part; rank 0's result (with every rank's data) is the trial's result."""
-    from workbench.device import capabilities_report, device_info
+    from workbench.device import device_info
     from workbench.fingerprint import environment_fingerprint
+    from workbench.levers import capabilities_report
 
     wl = load_workload(workload, preset=preset, **config.extra) if isinstance(workload, str) else workload
     local_wl, local_config = shard_workload(wl, config, ctx.rank, ctx.world_size)

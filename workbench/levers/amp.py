@@ -14,6 +14,8 @@ from contextlib import AbstractContextManager
 import torch
 
 from workbench.config import ConfigError
+from workbench.device import ALWAYS, Availability, bf16_availability, cuda_capability
+from workbench.levers.base import Lever, probed
 from workbench.levers.record import Applied
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -45,3 +47,21 @@ def apply_amp(
     if not cache_enabled:
         detail += "; cast cache disabled for CUDA-graph capture"
     return autocast, scaler, Applied("amp", amp, detail)
+
+
+def amp_availability(value: str, dev: torch.device) -> Availability:
+    if value == "fp32":
+        return ALWAYS
+    if dev.type == "cuda":
+        return bf16_availability(cuda_capability(dev)) if value == "bf16" else ALWAYS
+    if value == "fp16":
+        return Availability(True, "runs on CPU, but CPUs without fp16 matrix units (no AMX-FP16) are slower than fp32")
+    return ALWAYS
+
+
+LEVER = Lever(
+    name="amp",
+    fields=("amp",),
+    summary="autocast forward and loss to bf16/fp16: tensor-core matmuls and half the activation bytes",
+    availability=probed(amp=amp_availability),
+)

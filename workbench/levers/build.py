@@ -15,8 +15,10 @@ import torch
 from torch import nn
 
 from workbench.config import TrainConfig
+from workbench.device import resolve_device
 from workbench.levers.amp import ContextFactory, apply_amp
 from workbench.levers.attention import apply_attention_backend
+from workbench.levers.batching import apply_grad_accumulation
 from workbench.levers.checkpointing import apply_activation_checkpointing
 from workbench.levers.compile import apply_compile
 from workbench.levers.compiled_autograd import apply_compiled_autograd
@@ -38,7 +40,7 @@ Mark = Callable[[str], None]
 
 def build(workload: Workload, config: TrainConfig, device: str | torch.device | None = None) -> TrainStep:
     """Build the model, optimizer and step for `config` on `device`; refuse what this device cannot run."""
-    from workbench.device import check_config, resolve_device
+    from workbench.levers.registry import check_config
 
     dev = resolve_device(device)
     check_config(config, dev)
@@ -93,11 +95,9 @@ def build(workload: Workload, config: TrainConfig, device: str | torch.device | 
         model, config.optimizer, config.optimizer_impl, config.lr, capturable=config.cuda_graphs
     )
     applied.append(record)
-    if config.grad_accumulation > 1:
-        n = config.grad_accumulation
-        applied.append(
-            Applied("grad_accumulation", n, f"{n} micro-batches per optimizer step, each loss divided by {n}")
-        )
+    accumulation = apply_grad_accumulation(config.grad_accumulation)
+    if accumulation is not None:
+        applied.append(accumulation)
     # 4. AMP: autocast around forward+loss, GradScaler for fp16. Autocast's cast cache must be
     #    off under CUDA graph capture.
     autocast, scaler, amp_record = apply_amp(config.amp, dev, cache_enabled=not config.cuda_graphs)

@@ -29,6 +29,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from workbench.config import ConfigError
+from workbench.levers.base import Lever, always
 from workbench.levers.record import Applied, name_list
 
 _MARK = "_workbench_checkpoint"
@@ -153,3 +154,12 @@ def apply_activation_checkpointing(
         f"{name_list([n or '<root>' for n in names])}"
     )
     return Applied("activation_checkpointing", policy, detail)
+
+
+LEVER = Lever(
+    name="activation_checkpointing",
+    fields=("activation_checkpointing", "checkpoint_target"),
+    summary="recompute the target blocks' activations in backward: less memory for about one more forward",
+    availability=always("activation_checkpointing"),
+    open_fields=("checkpoint_target",),
+)

@@ -8,12 +8,17 @@ so they are active when dynamo traces and become part of the compiled graph.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import shutil
 from typing import Any
 
 import torch
 from torch import nn
 
-from workbench.config import TrainConfig
+from workbench.config import COMPILE_MODES_WITH_CUDA_GRAPHS, ConfigError, TrainConfig
+from workbench.device import ALWAYS, Availability
+from workbench.levers.base import Lever, Table
 from workbench.levers.record import Applied
 
 
@@ -40,3 +45,52 @@ def apply_compile(model: nn.Module, config: TrainConfig) -> tuple[nn.Module, App
     if notes:
         detail += "; " + "; ".join(notes)
     return compiled, Applied("compile", config.compile, detail)
+
+
+def compile_availability(value: str, dev: torch.device) -> Availability:
+    if value == "off":
+        return ALWAYS
+    if dev.type == "cpu" and value in COMPILE_MODES_WITH_CUDA_GRAPHS:
+        if value == "reduce-overhead":
+            return Availability(
+                False, "reduce-overhead works by capturing CUDA graphs; on CPU it would silently equal 'default'"
+            )
+        return Availability(True, "on CPU max-autotune tunes CPU kernels only (no CUDA graphs); expect long compiles")
+    if dev.type == "cpu" and not any(shutil.which(cc) for cc in ("g++", "c++", "clang++")):
+        return Availability(False, "inductor needs a C++ compiler on CPU; install g++ (apt-get install g++)")
+    if dev.type == "cuda" and importlib.util.find_spec("triton") is None:
+        return Availability(False, "inductor needs Triton on CUDA; pip install triton")
+    return ALWAYS
+
+
+@functools.lru_cache(maxsize=1)
+def known_backends() -> tuple[str, ...]:
+    import torch._dynamo
+
+    return tuple(torch._dynamo.list_backends(exclude_tags=()))
+
+
+def _availability(dev: torch.device) -> Table:
+    from workbench.config import field_choices
+
+    return {
+        "compile": {v: compile_availability(v, dev) for v in field_choices("compile") or ()},
+        "compile_fullgraph": dict.fromkeys(field_choices("compile_fullgraph") or (), ALWAYS),
+    }
+
+
+def _check(config: TrainConfig, dev: torch.device) -> None:
+    if config.compile != "off" and config.compile_backend not in known_backends():
+        raise ConfigError(
+            f"compile_backend '{config.compile_backend}' is not registered; choose one of: {', '.join(known_backends())}"
+        )
+
+
+LEVER = Lever(
+    name="compile",
+    fields=("compile", "compile_fullgraph", "compile_dynamic", "compile_backend"),
+    summary="torch.compile the model: fused kernels, fewer launches; pays back its compile time on long runs",
+    availability=_availability,
+    open_fields=("compile_dynamic", "compile_backend"),
+    check=_check,
+)

@@ -17,7 +17,10 @@ from typing import Any
 import torch
 
 from workbench.config import ConfigError, TrainConfig
+from workbench.device import ALWAYS, Availability
 from workbench.levers.amp import ContextFactory
+from workbench.levers.base import Lever, Table
+from workbench.levers.compile import compile_availability
 from workbench.levers.record import Applied
 
 
@@ -71,3 +74,28 @@ def apply_compiled_autograd(config: TrainConfig) -> tuple[ContextFactory | None,
         "each backward: the step's whole autograd graph is captured and compiled (recompiles when it changes)"
     )
     return context, Applied("compiled_autograd", True, detail)
+
+
+def compiled_autograd_availability(dev: torch.device) -> Availability:
+    compiled = compile_availability("default", dev)
+    if not compiled.available:
+        return Availability(
+            False, f"compiles the backward with torch.compile, which cannot run here: {compiled.reason}"
+        )
+    try:
+        compiled_autograd_api()
+    except CompiledAutogradUnavailable as exc:
+        return Availability(False, str(exc))
+    return Availability(True, "needs compile on; adds a backward compile (and recompiles when the graph changes)")
+
+
+def _availability(dev: torch.device) -> Table:
+    return {"compiled_autograd": {False: ALWAYS, True: compiled_autograd_availability(dev)}}
+
+
+LEVER = Lever(
+    name="compiled_autograd",
+    fields=("compiled_autograd",),
+    summary="compile each step's whole backward graph too: may fuse more where graph breaks split it",
+    availability=_availability,
+)

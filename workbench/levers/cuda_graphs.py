@@ -22,6 +22,8 @@ import torch
 from torch import nn
 
 from workbench.config import ConfigError
+from workbench.device import ALWAYS, Availability, no_cuda_reason
+from workbench.levers.base import Lever, probed
 from workbench.levers.checkpointing import checkpointed_modules
 from workbench.levers.record import Applied
 from workbench.workloads.base import map_tensors
@@ -167,3 +169,17 @@ def apply_cuda_graphs(
         "iterations (undone), replayed after copying each batch into static inputs; batch shapes are fixed"
     )
     return CudaGraphStep(step_fn, model, optimizer, device), Applied("cuda_graphs", True, detail)
+
+
+def cuda_graphs_availability(value: bool, dev: torch.device) -> Availability:
+    if not value or dev.type == "cuda":
+        return ALWAYS
+    return Availability(False, f"CUDA graphs need a CUDA device; this trial runs on {dev.type} ({no_cuda_reason()})")
+
+
+LEVER = Lever(
+    name="cuda_graphs",
+    fields=("cuda_graphs",),
+    summary="capture the whole step once and replay it: removes launch overhead on small, launch-bound steps",
+    availability=probed(cuda_graphs=cuda_graphs_availability),
+)

@@ -10,12 +10,15 @@ module with an `attention_fn` attribute (the built-in workloads' SelfAttention) 
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
 from torch import nn
 
 from workbench.config import ConfigError
+from workbench.device import Availability
+from workbench.levers.base import first_line
 from workbench.levers.record import Applied, name_list
 
 ATTRIBUTE = "attention_fn"
@@ -62,3 +65,22 @@ def apply_flex_attention(model: nn.Module) -> Applied:
         setattr(modules[name], ATTRIBUTE, flex_sdpa)
     detail = f"{len(names)} attention module(s) call flex_attention (causal as a block mask): {name_list(names)}"
     return Applied("attention_backend", "flex", detail)
+
+
+def flex_availability(dev: torch.device) -> Availability:
+    """FlexAttention must run forward *and* backward here: training needs both (torch 2.13 has no
+    CPU backward, eager or compiled)."""
+    try:
+        from torch.nn.attention.flex_attention import flex_attention
+    except ImportError:
+        return Availability(False, f"torch {torch.__version__} has no torch.nn.attention.flex_attention (2.5+)")
+    q = torch.randn(1, 1, 16, 16, device=dev, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the probe runs eagerly on purpose; PyTorch warns about that
+        try:
+            flex_attention(q, q, q).sum().backward()
+        except (NotImplementedError, RuntimeError) as exc:
+            return Availability(
+                False, f"FlexAttention cannot train on {dev.type} in torch {torch.__version__}: {first_line(exc)}"
+            )
+    return Availability(True, "needs compile on: FlexAttention's fused kernel exists only under torch.compile")

@@ -12,13 +12,17 @@ imports it; the check is pure Python.
 from __future__ import annotations
 
 import fnmatch
+import importlib.util
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from workbench.config import ConfigError
+from workbench.device import ALWAYS, Availability, cuda_capability
+from workbench.levers.base import Lever, probed
 from workbench.levers.record import Applied, name_list
 
 FLOAT8_CAPABILITY = (8, 9)
@@ -119,3 +123,31 @@ def apply_float8(model: nn.Module, recipe: str) -> Applied:
     float8.convert_to_float8_training(model, config=config, module_filter_fn=float8_module_filter(recipe))
     detail = f"{len(chosen)} of {len(plan)} nn.Linear converted to Float8Linear ({recipe} scales): {name_list(chosen)}"
     return Applied("float8", recipe, detail)
+
+
+def float8_availability(recipe: str, dev: torch.device) -> Availability:
+    if recipe == "off":
+        return ALWAYS
+    need = ".".join(map(str, FLOAT8_CAPABILITY))
+    if dev.type != "cuda":
+        return Availability(
+            False,
+            f"float8 training needs float8 tensor cores: an NVIDIA GPU of compute capability {need}+ "
+            f"(Ada, Hopper or newer); this trial runs on {dev.type}",
+        )
+    capability = cuda_capability(dev)
+    if capability < FLOAT8_CAPABILITY:
+        return Availability(
+            False, f"this GPU is compute capability {capability[0]}.{capability[1]}: float8 GEMMs need {need}+"
+        )
+    if importlib.util.find_spec("torchao") is None:
+        return Availability(False, f"float8 training needs torchao, which is not installed: {INSTALL_HINT}")
+    return Availability(True, "needs compile on; converts only the nn.Linear layers large enough to gain")
+
+
+LEVER = Lever(
+    name="float8",
+    fields=("float8",),
+    summary="float8 GEMMs for large nn.Linear layers (torchao): faster matmuls on Ada/Hopper+ GPUs",
+    availability=probed(float8=float8_availability),
+)

@@ -20,7 +20,10 @@ from typing import Any
 import torch
 
 from workbench.config import ConfigError
+from workbench.device import Availability
 from workbench.levers.amp import ContextFactory
+from workbench.levers.base import Lever, Table
+from workbench.levers.compile import compile_availability
 from workbench.levers.record import Applied
 
 CONFIG_NAME = "activation_memory_budget"
@@ -67,3 +70,34 @@ def apply_activation_memory_budget(budget: float) -> tuple[ContextFactory | None
         f"{budget:.0%} of the default plan's saved activations and recomputes the cheapest rest in backward"
     )
     return context, Applied("activation_memory_budget", budget, detail)
+
+
+MEMORY_BUDGETS_SHOWN = (1.0, 0.75, 0.5, 0.25, 0.0)
+"""activation_memory_budget values `capabilities()` lists (any value from 0 to 1 is valid)."""
+
+
+def memory_budget_availability(budget: float, dev: torch.device) -> Availability:
+    if budget >= 1.0:
+        return Availability(True, "off: the compiler saves what is fastest to keep (PyTorch's default)")
+    compiled = compile_availability("default", dev)
+    if not compiled.available:
+        return Availability(False, f"acts through torch.compile, which cannot run here: {compiled.reason}")
+    try:
+        functorch_config()
+    except MemoryBudgetUnavailable as exc:
+        return Availability(False, str(exc))
+    return Availability(
+        True, f"needs compile on: keeps {budget:.0%} of the compiled graph's saved activations, recomputes the rest"
+    )
+
+
+def _availability(dev: torch.device) -> Table:
+    return {"activation_memory_budget": {b: memory_budget_availability(b, dev) for b in MEMORY_BUDGETS_SHOWN}}
+
+
+LEVER = Lever(
+    name="activation_memory_budget",
+    fields=("activation_memory_budget",),
+    summary="let compile's partitioner recompute the cheapest activations: a memory dial between full and none",
+    availability=_availability,
+)

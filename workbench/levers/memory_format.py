@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from workbench.levers.base import Lever, always
 from workbench.levers.record import Applied
 from workbench.workloads.base import map_tensors
 
@@ -42,3 +43,11 @@ def to_channels_last(batch: Any) -> Any:
         return tensor
 
     return map_tensors(batch, convert)
+
+
+LEVER = Lever(
+    name="channels_last",
+    fields=("channels_last",),
+    summary="NHWC weights and images: convolutions skip layout transposes (conv nets, mostly with AMP)",
+    availability=always("channels_last"),
+)

@@ -19,7 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.config import ConfigError
+from workbench.config import ConfigError, TrainConfig
+from workbench.device import ALWAYS, Availability
+from workbench.levers.base import Lever, Table
 from workbench.levers.checkpointing import _no_match_message, find_targets, resolve_target
 from workbench.levers.record import Applied, name_list
 
@@ -91,3 +93,37 @@ def apply_activation_offload(
     where = "pinned host memory" if pin_memory else "host memory"
     detail = f"saved activations of {len(names)} {classes} module(s) kept in {where}: {name_list([n or '<root>' for n in names])}"
     return Applied("activation_offload", target, detail)
+
+
+def offload_availability(dev: torch.device) -> Availability:
+    """The same for every module pattern: whether saved activations can move to the host at all."""
+    if dev.type != "cuda":
+        return Availability(
+            False,
+            f"offload moves saved activations from GPU memory to host memory; on a {dev.type} device they "
+            "already live in host memory, so there is nothing to gain",
+        )
+    return Availability(True, "trades PCIe copy time for GPU memory; under compile a graph break per module")
+
+
+def _availability(dev: torch.device) -> Table:
+    # Any module pattern is valid; 'auto' stands for them all (the check judges any value).
+    return {"activation_offload": {"off": ALWAYS, "auto": offload_availability(dev)}}
+
+
+def _check(config: TrainConfig, dev: torch.device) -> None:
+    if config.activation_offload != "off":
+        offload = offload_availability(dev)
+        if not offload.available:
+            raise ConfigError(
+                f"activation_offload={config.activation_offload} is not available on {dev}: {offload.reason}"
+            )
+
+
+LEVER = Lever(
+    name="activation_offload",
+    fields=("activation_offload",),
+    summary="keep chosen modules' saved activations in pinned host memory: GPU memory for PCIe time",
+    availability=_availability,
+    check=_check,
+)

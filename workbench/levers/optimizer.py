@@ -21,6 +21,8 @@ import torch
 from torch import nn
 
 from workbench.config import ConfigError
+from workbench.device import ALWAYS, Availability
+from workbench.levers.base import Lever, Table, first_line
 from workbench.levers.record import Applied
 
 SGD_MOMENTUM = 0.9
@@ -86,3 +88,34 @@ def apply_optimizer(
         flag_text = ", ".join(filter(None, [f"PyTorch's default for these parameters: {resolved}", flag_text]))
     detail = f"{what} lr={lr} over {len(trainable)} tensors ({count:,} parameters), {flag_text}"
     return optimizer, Applied("optimizer", f"{name}/{resolved}", detail)
+
+
+def optimizer_impl_availability(value: str, dev: torch.device) -> Availability:
+    if value == "default":
+        return Availability(True, f"PyTorch's choice on {dev.type}: {default_impl_on(dev.type)}")
+    if value != "fused":
+        return ALWAYS
+    param = torch.zeros(4, device=dev, requires_grad=True)
+    param.grad = torch.ones_like(param)
+    try:
+        torch.optim.AdamW([param], fused=True).step()
+    except (RuntimeError, ValueError) as exc:
+        return Availability(False, f"fused AdamW is not supported here: {first_line(exc)}")
+    return ALWAYS
+
+
+def _availability(dev: torch.device) -> Table:
+    from workbench.config import field_choices
+
+    return {
+        "optimizer_impl": {v: optimizer_impl_availability(v, dev) for v in field_choices("optimizer_impl") or ()},
+        "optimizer": dict.fromkeys(field_choices("optimizer") or (), ALWAYS),
+    }
+
+
+LEVER = Lever(
+    name="optimizer",
+    fields=("optimizer", "optimizer_impl"),
+    summary="the optimizer's kernels: foreach or fused updates cut launches on models with many parameters",
+    availability=_availability,
+)

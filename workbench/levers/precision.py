@@ -17,7 +17,9 @@ from contextlib import AbstractContextManager, contextmanager
 import torch
 
 from workbench.config import ConfigError
+from workbench.device import ALWAYS, Availability
 from workbench.levers.amp import ContextFactory
+from workbench.levers.base import Lever, probed
 from workbench.levers.record import Applied
 
 PRECISIONS = ("highest", "high", "medium")
@@ -61,3 +63,41 @@ def apply_fp32_precision(matmul: str, cudnn_tf32: bool, device: torch.device) ->
         Applied("matmul_precision", matmul, matmul_detail),
         Applied("cudnn_tf32", cudnn_tf32, cudnn_detail),
     ]
+
+
+def matmul_precision_availability(value: str, dev: torch.device) -> Availability:
+    if value == "highest":
+        return ALWAYS
+    if dev.type != "cuda":
+        return Availability(False, "TF32 is an NVIDIA Ampere+ tensor-core mode; on CPU this setting changes nothing")
+    major, _ = torch.cuda.get_device_capability(dev)
+    if major < 8:
+        return Availability(False, f"TF32 needs compute capability 8.0+, this GPU is {major}.x")
+    return ALWAYS
+
+
+def cudnn_tf32_availability(value: bool, dev: torch.device) -> Availability:
+    """On is PyTorch's default everywhere (the flag is set, harmlessly, on CPU too); off is
+    refused where it would change nothing, as matmul_precision's TF32 values are."""
+    if value:
+        return ALWAYS
+    if dev.type != "cuda":
+        return Availability(
+            False, "cuDNN TF32 is an NVIDIA Ampere+ convolution mode; on CPU turning it off changes nothing"
+        )
+    if not torch.backends.cudnn.is_available():
+        return Availability(False, "this PyTorch build has no cuDNN, so no convolution uses TF32 to turn off")
+    major, _ = torch.cuda.get_device_capability(dev)
+    if major < 8:
+        return Availability(
+            False, f"TF32 needs compute capability 8.0+, this GPU is {major}.x: its convolutions are fp32"
+        )
+    return ALWAYS
+
+
+LEVER = Lever(
+    name="fp32_precision",
+    fields=("matmul_precision", "cudnn_tf32"),
+    summary="let float32 matmuls/convolutions use TF32 or bf16 kernels: faster fp32 on Ampere+ GPUs",
+    availability=probed(matmul_precision=matmul_precision_availability, cudnn_tf32=cudnn_tf32_availability),
+)

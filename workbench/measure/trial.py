@@ -41,8 +41,9 @@ def run_trial_inline(
     """The trial itself, in this process (the worker process calls this too)."""
     import torch
 
-    from workbench.device import capabilities_report, check_config, device_info, resolve_device
+    from workbench.device import device_info, resolve_device
     from workbench.fingerprint import environment_fingerprint
+    from workbench.levers import capabilities_report, check_config
     from workbench.levers.build import build
 
     config = request.config

@@ -133,7 +133,8 @@ def default_space(
     Kept to what pays on one node: compile 'off'/'default' (the other modes compile for
     minutes; widen to them explicitly), batch sizes around the workload's default, loader
     workers up to the cores there are."""
-    from workbench.device import capabilities, device_info
+    from workbench.device import device_info
+    from workbench.levers import capabilities
 
     caps = capabilities(device)
     cores = cpu_cores or device_info(device).cpu_cores
@@ -211,7 +212,7 @@ def check_space(space: SearchSpace, baseline: TrainConfig, device: Any = None) -
 
     Nothing to search: no field with two values, or no combination that validation and this
     device accept (a contradictory space) — the message quotes the first refusal."""
-    from workbench.device import check_config
+    from workbench.levers import check_config
 
     if not space.searched:
         raise ConfigError(
@@ -239,7 +240,7 @@ def check_space(space: SearchSpace, baseline: TrainConfig, device: Any = None) -
 
 
 def _checked_values(mapping: Mapping[str, Any], device: Any, workload_batch: int | None) -> dict[str, tuple[Any, ...]]:
-    from workbench.device import capabilities
+    from workbench.levers import capabilities
 
     caps = capabilities(device)
     out: dict[str, tuple[Any, ...]] = {}
