@@ -1,4 +1,4 @@
-"""Take a configuration away: a paste-able plain-PyTorch snippet, JSON, or the CLI command.
+"""The paste-able plain-PyTorch snippet: header, imports, helpers and sections, from the levers.
 
 The snippet is generated text, not a copy of `workbench.levers`: users paste it into
 their own training scripts, so it must not import workbench and should hold only what the
@@ -10,19 +10,13 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
-import textwrap
-from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.config import ConfigError, TrainConfig, field_doc, field_names
+from workbench.config import ConfigError, TrainConfig, field_doc
+from workbench.export.command import cli_text
+from workbench.export.nvtx import NVTX_RANGE, with_nvtx_ranges
 from workbench.levers.checkpointing import SAVED_OP_NAMES
-
-FORMATS = ("snippet", "json", "command")
-
-LINE_LENGTH = 88
-"""Generated lines fit ruff's and black's default width: code that users paste lands in
-projects with the strictest common setting."""
+from workbench.levers.fragment import Snippet, call, comment, q
 
 _DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
 _SDPA_BACKENDS = {
@@ -33,132 +27,6 @@ _SDPA_BACKENDS = {
 }
 _DEVICE = re.compile(r"[a-z]+(:[0-9]+)?")
 _WARMUP_ITERS = 3  # as `workbench.levers.cuda_graphs.WARMUP_ITERS` and PyTorch's recipe
-
-
-def export_config(config: TrainConfig, fmt: str, **kwargs: Any) -> str:
-    """`config` as a snippet, JSON or command line; `kwargs` go to the chosen exporter."""
-    exporters = {"snippet": to_snippet, "json": to_json, "command": to_command}
-    if fmt not in exporters:
-        raise ConfigError(f"export format {fmt!r} is not valid; choose one of: {', '.join(FORMATS)}")
-    return exporters[fmt](config, **kwargs)
-
-
-def to_json(config: TrainConfig) -> str:
-    """Indented JSON of every field; `TrainConfig.from_json` loads it back."""
-    try:
-        return json.dumps(config.to_dict(), indent=2)
-    except TypeError as exc:  # only `extra` can hold arbitrary objects
-        raise ConfigError(f"extra holds a value JSON cannot store: {exc}") from None
-
-
-# --- command line -------------------------------------------------------------------
-
-
-def to_command(
-    config: TrainConfig,
-    *,
-    workload: str = "bev-perception",
-    preset: str = "tiny",
-    steps: int = 20,
-    warmup: int = 3,
-    nproc_per_node: int | None = None,
-) -> str:
-    """The `workbench run` command that measures `config` (one `--set` per non-default field).
-
-    With `nproc_per_node`, the `torchrun` form that starts one worker per process. A config
-    with strategy ddp/fsdp2 gives the command every node runs: `torchrun` with the config's
-    rendezvous arguments (`--standalone` on one node) around `-m workbench.distributed`, the
-    rank entry point. Fields are emitted in declaration order: the CLI applies each `--set`
-    in turn and validates after each, and every field that depends on another
-    (compile_fullgraph on compile, checkpoint_target on activation_checkpointing,
-    prefetch_factor on num_workers, nnodes on rdzv_endpoint) is declared after it.
-    """
-    if config.strategy != "none":
-        from workbench.distributed.command import RANK_MODULE, torchrun_args
-
-        if nproc_per_node is not None and nproc_per_node != config.nproc_per_node:
-            raise ConfigError(
-                f"nproc_per_node={nproc_per_node} disagrees with the config's {config.nproc_per_node}; "
-                "set it in the config (nproc_per_node=...) for a distributed strategy"
-            )
-        head = ["torchrun", *torchrun_args(config), "-m", RANK_MODULE]
-    elif nproc_per_node is None:
-        head = ["workbench", "run"]
-    elif isinstance(nproc_per_node, bool) or not isinstance(nproc_per_node, int) or nproc_per_node < 1:
-        raise ConfigError(f"nproc_per_node must be a positive integer, got {nproc_per_node!r}")
-    else:
-        head = ["torchrun", f"--nproc_per_node={nproc_per_node}", "-m", "workbench.cli", "run"]
-    argv = [*head, "--workload", workload, "--preset", preset]
-    argv += ["--steps", str(steps), "--warmup", str(warmup)]
-    rebuilt = TrainConfig()
-    for item in _override_items(config):
-        try:  # read back as the CLI will: a comma or edge whitespace in a value does not survive
-            rebuilt = rebuilt.with_overrides(item)
-        except ConfigError as exc:
-            raise ConfigError(f"--set {item!r} would not parse back ({exc}); export as JSON instead") from None
-        argv += ["--set", item]
-    if rebuilt != config:
-        diff = ", ".join(f"{k}: {v[1]!r} would become {v[0]!r}" for k, v in rebuilt.diff(config).items())
-        raise ConfigError(f"this config cannot be written as --set overrides ({diff}); export as JSON instead")
-    return " ".join(shlex.quote(arg) for arg in argv)
-
-
-def _override_items(config: TrainConfig) -> list[str]:
-    """'name=value' for each non-default field, in declaration order; extra as 'extra.KEY=VALUE'."""
-    changed = TrainConfig().diff(config)
-    items: list[str] = []
-    for name in field_names():
-        if name not in changed:
-            continue
-        if name == "extra":
-            # One --set for all entries: a --set replaces the whole extra dict, it does not merge.
-            items.append(",".join(f"extra.{key}={_extra_text(value)}" for key, value in config.extra.items()))
-        else:
-            items.append(f"{name}={_cli_text(getattr(config, name))}")
-    return items
-
-
-def _cli_text(value: Any) -> str:
-    """A field value as `parse_value` reads it back: true/false, none, numbers, bare strings."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return "none" if value is None else str(value)
-
-
-def _extra_text(value: Any) -> str:
-    """An extra value as `parse_overrides` reads it back: JSON, except strings JSON would not parse."""
-    if isinstance(value, str):
-        try:
-            json.loads(value)
-        except json.JSONDecodeError:
-            return value  # stays a string when parsed back; no quotes needed
-    return json.dumps(value)
-
-
-# --- snippet ----------------------------------------------------------------------
-
-
-@dataclass
-class _Snippet:
-    """The pieces of a snippet, collected by the section builders, assembled by `text()`."""
-
-    imports: set[str] = field(default_factory=set)
-    constants: list[str] = field(default_factory=list)
-    statements: list[str] = field(default_factory=list)
-    functions: list[str] = field(default_factory=list)
-
-    def text(self, header: list[str]) -> str:
-        blocks = [
-            "\n".join(header),
-            _import_block(self.imports),
-            "\n".join(self.constants),
-            "\n\n".join(self.statements),
-            *self.functions,
-        ]
-        # One blank line after the imports (isort's rule before plain statements), two
-        # between the other top-level blocks (pycodestyle's rule around functions).
-        rest = "\n\n\n".join(block for block in blocks[3:] if block)
-        return f"{blocks[0]}\n\n{blocks[1]}\n\n{blocks[2]}\n\n\n{rest}\n"
 
 
 def to_snippet(config: TrainConfig, *, device: str = "cuda", nvtx: bool = False) -> str:
@@ -173,23 +41,23 @@ def to_snippet(config: TrainConfig, *, device: str = "cuda", nvtx: bool = False)
         raise ConfigError(f"device must be a device string such as 'cuda', 'cuda:1' or 'cpu', got {device!r}")
     if config.cuda_graphs and not device.startswith("cuda"):
         raise ConfigError(f"cuda_graphs=true needs a CUDA device; export it with device='cuda', not {device!r}")
-    snippet = _Snippet(imports={"import torch", "from torch import nn"})
+    snippet = Snippet(imports={"import torch", "from torch import nn"})
     snippet.imports.add("from collections.abc import Callable, Mapping, Sequence")
-    snippet.constants += [f"DEVICE = torch.device({_q(device)})", f"SEED = {config.seed}"]
+    snippet.constants += [f"DEVICE = torch.device({q(device)})", f"SEED = {config.seed}"]
     snippet.constants.append(f"GRAD_ACCUMULATION = {config.grad_accumulation}  # micro-batches per optimizer step")
     if config.batch_size is not None:
         snippet.constants.append(f"BATCH_SIZE = {config.batch_size}  # samples per micro-batch")
     if config.activation_checkpointing != "off" and config.checkpoint_target != "auto":
         snippet.constants += [
             "# Modules to checkpoint: a class name, or an fnmatch glob over qualified names.",
-            f"CHECKPOINT_TARGET = {_q(config.checkpoint_target)}",
+            f"CHECKPOINT_TARGET = {q(config.checkpoint_target)}",
         ]
     if config.activation_offload != "off":
         target = config.activation_offload
         note = "  # the workbench's 'auto': its workload's block; name yours" if target == "auto" else ""
         snippet.constants += [
             "# Modules whose saved activations wait in host memory: a class name or fnmatch glob.",
-            f"OFFLOAD_TARGET = {_q('MyBlock' if target == 'auto' else target)}{note}",
+            f"OFFLOAD_TARGET = {q('MyBlock' if target == 'auto' else target)}{note}",
         ]
     snippet.imports.add("from typing import Any")
     snippet.constants += [
@@ -220,7 +88,7 @@ def to_snippet(config: TrainConfig, *, device: str = "cuda", nvtx: bool = False)
         snippet.imports.add("from torch.nn.attention import SDPBackend, sdpa_kernel")
     if nvtx:
         snippet.imports.add("from contextlib import nullcontext")
-        snippet.functions.append(_NVTX_RANGE)
+        snippet.functions.append(NVTX_RANGE)
         snippet.functions.append(with_nvtx_ranges(_train_step(config, device)))
     else:
         snippet.functions.append(_train_step(config, device))
@@ -235,7 +103,7 @@ def _header(config: TrainConfig, device: str) -> list[str]:
     """Comment lines: what this is, the config (one entry per non-default field) and usage."""
     lines = [
         "# Training step exported from the PyTorch training workbench. Plain PyTorch: paste",
-        f"# it into your training script. Exported for device {_q(device)}.",
+        f"# it into your training script. Exported for device {q(device)}.",
         "#",
     ]
     changed = TrainConfig().diff(config)
@@ -244,11 +112,11 @@ def _header(config: TrainConfig, device: str) -> list[str]:
     else:
         lines.append("# Configuration (the fields that differ from PyTorch defaults):")
     for name, (_, value) in changed.items():
-        shown = json.dumps(value) if name == "extra" else _cli_text(value)
+        shown = json.dumps(value) if name == "extra" else cli_text(value)
         what = _what(name, value, config)
         if name == "pin_memory" and not device.startswith("cuda"):
             what += "; left out here: it only speeds up copies to a GPU"
-        lines += _comment(f"{name}={shown}: {what}", indent="#   ", rest="#       ")
+        lines += comment(f"{name}={shown}: {what}", indent="#   ", rest="#       ")
     model = "optimize_model(MyModel())"
     if config.activation_checkpointing != "off" and config.checkpoint_target == "auto":
         model = 'optimize_model(MyModel(), checkpoint_target="MyBlock")'
@@ -327,7 +195,7 @@ def _what(name: str, value: Any, config: TrainConfig) -> str:
     return str(what) if what is not None else field_doc(name)
 
 
-def _add_statements(snippet: _Snippet, config: TrainConfig, device: str) -> None:
+def _add_statements(snippet: Snippet, config: TrainConfig, device: str) -> None:
     """Module-level statements: the CUDA check, the seed, float32 matmul precision, the scaler."""
     if config.cuda_graphs:
         snippet.statements.append(
@@ -350,21 +218,21 @@ def _add_statements(snippet: _Snippet, config: TrainConfig, device: str) -> None
     if config.matmul_precision != "highest":
         what = "TF32 (10-bit mantissa)" if config.matmul_precision == "high" else "bfloat16-based kernels"
         why = f"float32 matmuls may use {what}: faster, a little less precise (on NVIDIA GPUs from Ampere on)."
-        code = f"torch.set_float32_matmul_precision({_q(config.matmul_precision)})"
-        snippet.statements.append("\n".join([*_comment(why, indent="# "), code]))
+        code = f"torch.set_float32_matmul_precision({q(config.matmul_precision)})"
+        snippet.statements.append("\n".join([*comment(why, indent="# "), code]))
     if not config.cudnn_tf32:
         why = (
             "Strict fp32 convolutions: cuDNN may not use TF32, which PyTorch allows by default "
             "(on NVIDIA GPUs from Ampere on; CPU convolutions never use it)."
         )
-        snippet.statements.append("\n".join([*_comment(why, indent="# "), "torch.backends.cudnn.allow_tf32 = False"]))
+        snippet.statements.append("\n".join([*comment(why, indent="# "), "torch.backends.cudnn.allow_tf32 = False"]))
     if config.intra_op_threads is not None:
         why = (
             "The measured intra-op CPU thread count: with more threads than free cores (other "
             "processes, loader workers) every operator waits for the slowest thread."
         )
         code = f"torch.set_num_threads({config.intra_op_threads})"
-        snippet.statements.append("\n".join([*_comment(why, indent="# "), code]))
+        snippet.statements.append("\n".join([*comment(why, indent="# "), code]))
     _add_lever_statements(snippet, config)
     if config.amp == "fp16":
         snippet.statements.append(
@@ -374,7 +242,7 @@ def _add_statements(snippet: _Snippet, config: TrainConfig, device: str) -> None
         )
 
 
-def _add_lever_statements(snippet: _Snippet, config: TrainConfig) -> None:
+def _add_lever_statements(snippet: Snippet, config: TrainConfig) -> None:
     """Compiler settings that must hold before the first compiled call (the memory budget, ...)."""
     if config.activation_memory_budget < 1.0:
         snippet.imports.add("import torch._functorch.config")
@@ -384,23 +252,23 @@ def _add_lever_statements(snippet: _Snippet, config: TrainConfig) -> None:
             "A private PyTorch setting: it is read when the first call compiles."
         )
         code = f"torch._functorch.config.activation_memory_budget = {config.activation_memory_budget!r}"
-        snippet.statements.append("\n".join([*_comment(why, indent="# "), code]))
+        snippet.statements.append("\n".join([*comment(why, indent="# "), code]))
     if config.compiled_autograd:
         snippet.imports.add("from torch._dynamo import compiled_autograd")
         why = (
             "Compiled autograd: train_step captures each backward's whole autograd graph and compiles it "
             "with this compiler (the forward's backend). A private PyTorch API."
         )
-        args = [f"backend={_q(config.compile_backend)}"]
+        args = [f"backend={q(config.compile_backend)}"]
         if config.compile_backend == "inductor" and config.compile != "default":
-            args.append(f"mode={_q(config.compile)}")
+            args.append(f"mode={q(config.compile)}")
         if config.compile_fullgraph:
             args.append("fullgraph=True")
-        code = "\n".join(_call("BACKWARD_COMPILER = torch.compile", args, indent=0))
-        snippet.statements.append("\n".join([*_comment(why, indent="# "), code]))
+        code = "\n".join(call("BACKWARD_COMPILER = torch.compile", args, indent=0))
+        snippet.statements.append("\n".join([*comment(why, indent="# "), code]))
 
 
-def _add_checkpointing(snippet: _Snippet, policy: str) -> None:
+def _add_checkpointing(snippet: Snippet, policy: str) -> None:
     """`checkpoint_modules` and the patched forward; mirrors `levers.checkpointing`."""
     snippet.imports |= {"import fnmatch", "import functools", "from typing import Any"}
     snippet.functions.append(
@@ -441,7 +309,7 @@ def _add_checkpointing(snippet: _Snippet, policy: str) -> None:
         "    create_selective_checkpoint_contexts,\n"
         ")"
     )
-    names = "".join(f"        {_q(name)},\n" for name in SAVED_OP_NAMES)
+    names = "".join(f"        {q(name)},\n" for name in SAVED_OP_NAMES)
     snippet.constants += [
         "",
         "# Selective checkpointing saves the outputs of these compute-heavy ops and recomputes",
@@ -464,7 +332,7 @@ def _add_checkpointing(snippet: _Snippet, policy: str) -> None:
     ]
 
 
-def _add_offload(snippet: _Snippet) -> None:
+def _add_offload(snippet: Snippet) -> None:
     """`offload_modules`; mirrors `levers.offload`."""
     snippet.imports |= {"import fnmatch", "import functools"}
     snippet.functions += [
@@ -503,7 +371,7 @@ def _add_offload(snippet: _Snippet) -> None:
     ]
 
 
-def _add_float8(snippet: _Snippet, recipe: str) -> None:
+def _add_float8(snippet: Snippet, recipe: str) -> None:
     """The per-Linear filter torchao calls; mirrors `levers.float8.float8_worth_converting`."""
     snippet.imports.add("from torchao.float8 import Float8LinearConfig, convert_to_float8_training")
     if recipe == "tensorwise":
@@ -536,7 +404,7 @@ def _add_float8(snippet: _Snippet, recipe: str) -> None:
     )
 
 
-def _add_flex_attention(snippet: _Snippet) -> None:
+def _add_flex_attention(snippet: Snippet) -> None:
     """`flex_sdpa` and `use_flex_attention`; mirrors `levers.flex_attention`."""
     snippet.imports.add("from torch.nn.attention.flex_attention import create_block_mask, flex_attention")
     snippet.functions += [
@@ -604,11 +472,11 @@ def _optimize_model(config: TrainConfig) -> str:
         body += [
             "    # float8 GEMMs for the Linears large enough to gain (float8_worth_converting).",
             "    # Before checkpointing and compile: they must see the converted modules.",
-            *_call(
+            *call(
                 "convert_to_float8_training",
                 [
                     "model",
-                    f"config=Float8LinearConfig.from_recipe_name({_q(config.float8)})",
+                    f"config=Float8LinearConfig.from_recipe_name({q(config.float8)})",
                     "module_filter_fn=float8_worth_converting",
                 ],
                 indent=4,
@@ -646,16 +514,16 @@ def _compile_lines(config: TrainConfig) -> list[str]:
     lines = ["    # Compile last: it traces the final forward. Compilation runs on the first call."]
     if config.compile != "default":
         if config.compile_backend == "inductor":
-            args.append(f"mode={_q(config.compile)}")
+            args.append(f"mode={q(config.compile)}")
         else:
-            lines.append(f"    # No mode={_q(config.compile)}: only the inductor backend takes a mode.")
+            lines.append(f"    # No mode={q(config.compile)}: only the inductor backend takes a mode.")
     if config.compile_fullgraph:
         args.append("fullgraph=True  # fail on graph breaks instead of running them eagerly")
     if config.compile_dynamic is not None:
         args.append(f"dynamic={config.compile_dynamic}")
     if config.compile_backend != "inductor":
-        args.append(f"backend={_q(config.compile_backend)}")
-    return [*lines, *_call("return torch.compile", args, indent=4)]
+        args.append(f"backend={q(config.compile_backend)}")
+    return [*lines, *call("return torch.compile", args, indent=4)]
 
 
 def _make_optimizer(config: TrainConfig, device: str) -> str:
@@ -682,7 +550,7 @@ def _make_optimizer(config: TrainConfig, device: str) -> str:
     why = f"{flag}{source}: {effect}"
     name = "AdamW" if config.optimizer == "adamw" else "SGD with momentum 0.9"
     args = ["params", f"lr={config.lr!r}"] + (["momentum=0.9"] if config.optimizer == "sgd" else []) + [flag]
-    comments = _comment(why, indent="    # ")
+    comments = comment(why, indent="    # ")
     if config.cuda_graphs and config.optimizer == "adamw":
         args.append("capturable=True")
         comments.append("    # capturable=True keeps the step count on the GPU, so a CUDA graph can replay it.")
@@ -693,7 +561,7 @@ def _make_optimizer(config: TrainConfig, device: str) -> str:
             f'    """{name} over the model\'s trainable parameters."""',
             "    params = [p for p in model.parameters() if p.requires_grad]",
             *comments,
-            *_call(f"return {cls}", args, indent=4),
+            *call(f"return {cls}", args, indent=4),
         ]
     )
 
@@ -724,7 +592,7 @@ def _make_loader(config: TrainConfig, device: str) -> str:
         "    collate_fn: as your own loader's (e.g. images stacked, per-image labels as a list).",
         '    """',
     ]
-    return "\n".join([*lines, *_call("return DataLoader", args, indent=4, explode=True)])
+    return "\n".join([*lines, *call("return DataLoader", args, indent=4, explode=True)])
 
 
 def _train_step(config: TrainConfig, device: str) -> str:
@@ -788,66 +656,6 @@ def _train_step(config: TrainConfig, device: str) -> str:
         lines.append("    optimizer.step()")
     lines.append("    return torch.stack(losses).mean()")
     return "\n".join(lines)
-
-
-_NVTX_RANGE = '''def nvtx_range(name: str) -> Any:
-    """An NVTX range that Nsight Systems shows on its timeline; nothing off CUDA."""
-    return torch.cuda.nvtx.range(name) if DEVICE.type == "cuda" else nullcontext()'''
-
-#: `train_step` lines that open a phase: the lines from one up to the next (or the loop's end) form it.
-_PHASE_STARTS = (("batch = to_device(", "data"), ("loss = loss_fn(", "forward"), ("with torch.autocast(", "forward"),
-                 ("# Dividing by the micro-batch count", "backward"), ("optimizer.step()", "optimizer"),
-                 ("scaler.step(optimizer)", "optimizer"))  # fmt: skip
-
-
-def with_nvtx_ranges(train_step: str) -> str:
-    """`train_step`'s source with its body in a `workbench::step` range and each phase in its own.
-
-    Phase blocks are found by their first line (`_PHASE_STARTS`) and end where the next phase, a
-    shallower line, or `losses.append` begins; each is re-indented under `with nvtx_range(...)`.
-    """
-    lines = train_step.split("\n")
-    body_at = next(i for i, line in enumerate(lines) if line.strip() == "optimizer.zero_grad(set_to_none=True)")
-    head, body = lines[:body_at], lines[body_at:]
-    out: list[str] = []
-    index = 0
-    while index < len(body):
-        line = body[index]
-        phase = _phase_of(line)
-        if phase is None:
-            out.append(line)
-            index += 1
-            continue
-        indent = line[: len(line) - len(line.lstrip())]
-        end = index + 1
-        if phase == "backward":  # its comment lines, then the line that calls backward()
-            while end < len(body) and ".backward()" not in body[end - 1]:
-                end += 1
-        while end < len(body) and _continues(body[end], indent, phase):
-            end += 1
-        out.append(f'{indent}with nvtx_range("workbench::{phase}"):')
-        out += ["    " + part for part in body[index:end]]
-        index = end
-    step = [line for line in out if not line.lstrip().startswith("return ")]
-    returns = [line for line in out if line.lstrip().startswith("return ")]
-    wrapped = ['    with nvtx_range("workbench::step"):'] + ["    " + line for line in step]
-    return "\n".join(head + wrapped + returns)
-
-
-def _phase_of(line: str) -> str | None:
-    text = line.strip()
-    return next((phase for start, phase in _PHASE_STARTS if text.startswith(start)), None)
-
-
-def _continues(line: str, indent: str, phase: str) -> bool:
-    """Whether `line` still belongs to the phase block that opened at `indent`."""
-    text = line.strip()
-    if not line.startswith(indent) or text.startswith("losses.append"):
-        return False
-    deeper = len(line) - len(line.lstrip()) > len(indent)
-    if deeper:
-        return True
-    return phase in ("data", "optimizer") and _phase_of(line) in (None, phase) and not text.startswith(("with ", "#"))
 
 
 def _graphed_step(config: TrainConfig) -> str:
@@ -959,54 +767,3 @@ _IMAGES_CHANNELS_LAST = """def images_channels_last(tensor: torch.Tensor) -> tor
     if tensor.dim() == 4 and tensor.is_floating_point():
         return tensor.contiguous(memory_format=torch.channels_last)
     return tensor"""
-
-
-# --- formatting helpers -------------------------------------------------------------
-
-
-def _q(text: str) -> str:
-    """A double-quoted Python string literal (ruff format's quote style)."""
-    return json.dumps(text)
-
-
-def _comment(text: str, indent: str, rest: str | None = None) -> list[str]:
-    """`text` as comment lines of at most LINE_LENGTH characters."""
-    return textwrap.wrap(
-        text, LINE_LENGTH, initial_indent=indent, subsequent_indent=rest or indent, break_on_hyphens=False
-    )
-
-
-def _call(head: str, args: list[str], indent: int, explode: bool = False) -> list[str]:
-    """`head(args)` laid out as ruff format would: one line, one indented line, or one per line.
-
-    An argument may end in a `  # comment`; comments (and `explode`) force one per line.
-    """
-    pad = " " * indent
-    plain = ", ".join(args)
-    commented = any("  # " in arg for arg in args)
-    if not commented and not explode:
-        if len(f"{pad}{head}({plain})") <= LINE_LENGTH:
-            return [f"{pad}{head}({plain})"]
-        if len(f"{pad}    {plain}") <= LINE_LENGTH:
-            return [f"{pad}{head}(", f"{pad}    {plain}", f"{pad})"]
-    lines = [f"{pad}{head}("]
-    for arg in args:
-        code, _, note = arg.partition("  # ")
-        lines.append(f"{pad}    {code},{'  # ' + note if note else ''}")
-    return [*lines, f"{pad})"]
-
-
-def _import_block(imports: set[str]) -> str:
-    """Standard-library imports, a blank line, then torch's; plain `import` before `from`, sorted."""
-
-    def order(line: str) -> tuple[bool, str]:
-        return (line.startswith("from "), line.split()[1])
-
-    stdlib = sorted((line for line in imports if not _is_torch(line)), key=order)
-    torch = sorted((line for line in imports if _is_torch(line)), key=order)
-    return "\n\n".join("\n".join(group) for group in (stdlib, torch) if group)
-
-
-def _is_torch(line: str) -> bool:
-    """torch and torchao: the snippet's third-party imports (isort's second group)."""
-    return line.split()[1].split(".")[0] in ("torch", "torchao")
