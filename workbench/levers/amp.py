@@ -13,9 +13,10 @@ from contextlib import AbstractContextManager
 
 import torch
 
-from workbench.config import ConfigError
+from workbench.config import ConfigError, TrainConfig
 from workbench.device import ALWAYS, Availability, bf16_availability, cuda_capability
-from workbench.levers.base import Lever, probed
+from workbench.levers.base import Lever, Space, SpaceContext, probed
+from workbench.levers.fragment import Snippet
 from workbench.levers.record import Applied
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -59,9 +60,37 @@ def amp_availability(value: str, dev: torch.device) -> Availability:
     return ALWAYS
 
 
+SNIPPET_DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
+
+
+def _snippet(config: TrainConfig, snippet: Snippet) -> None:
+    if config.amp == "fp32":
+        return
+    autocast = f"torch.autocast(DEVICE.type, dtype={SNIPPET_DTYPES[config.amp]}"
+    comments = []
+    if config.cuda_graphs:
+        comments.append("# No cast cache: it would keep tensors made during graph capture.")
+        autocast += ", cache_enabled=False"
+    snippet.forward_contexts.append((comments, autocast + ")"))
+    if config.amp == "fp16":
+        snippet.statements.append(
+            "# fp16 gradients underflow: GradScaler scales the loss up before backward, unscales\n"
+            "# the gradients before the step and skips steps whose gradients overflowed.\n"
+            "scaler = torch.amp.GradScaler(DEVICE.type)"
+        )
+        snippet.backward = "scaler.scale(loss / len(batches)).backward()"
+        snippet.optimizer_step = ["scaler.step(optimizer)  # skipped if the gradients overflowed", "scaler.update()"]
+
+
+def _space(ctx: SpaceContext) -> Space:
+    return {"amp": ctx.available("amp")}
+
+
 LEVER = Lever(
     name="amp",
     fields=("amp",),
     summary="autocast forward and loss to bf16/fp16: tensor-core matmuls and half the activation bytes",
     availability=probed(amp=amp_availability),
+    snippet=_snippet,
+    space=_space,
 )

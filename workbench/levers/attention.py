@@ -14,10 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from workbench.config import ConfigError
+from workbench.config import ConfigError, TrainConfig
 from workbench.device import ALWAYS, Availability, cuda_capability, native_half_dtype
 from workbench.levers.amp import ContextFactory
-from workbench.levers.base import Lever, first_line, probed
+from workbench.levers.base import Lever, Space, SpaceContext, first_line, probed
+from workbench.levers.fragment import Snippet
 from workbench.levers.record import Applied
 
 BACKENDS = {
@@ -67,9 +68,30 @@ def attention_availability(value: str, dev: torch.device) -> Availability:
     return ALWAYS
 
 
+def _snippet(config: TrainConfig, snippet: Snippet) -> None:
+    if config.attention_backend == "flex":
+        from workbench.levers.flex_attention import flex_snippet
+
+        flex_snippet(snippet)
+        snippet.model_steps += [
+            "    # Before compile, so torch.compile traces flex_attention and fuses it.",
+            "    use_flex_attention(model)",
+        ]
+    elif config.attention_backend != "auto":
+        snippet.imports.add("from torch.nn.attention import SDPBackend, sdpa_kernel")
+        comment = ["# The SDPA backend holds for backward too: its backward kernel must match."]
+        snippet.micro_contexts.append((comment, f"sdpa_kernel(SDPBackend.{BACKENDS[config.attention_backend].name})"))
+
+
+def _space(ctx: SpaceContext) -> Space:
+    return {"attention_backend": ctx.available("attention_backend")}
+
+
 LEVER = Lever(
     name="attention_backend",
     fields=("attention_backend",),
     summary="force one SDPA kernel (flash, efficient, cuDNN, math) or FlexAttention instead of PyTorch's pick",
     availability=probed(attention_backend=attention_availability),
+    snippet=_snippet,
+    space=_space,
 )

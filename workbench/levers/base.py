@@ -17,6 +17,8 @@ from workbench.device import ALWAYS, Availability
 if TYPE_CHECKING:
     import torch
 
+    from workbench.levers.fragment import Snippet
+
 Table = dict[str, dict[Any, Availability]]
 """field -> value -> whether that value runs here (and why not)."""
 
@@ -55,8 +57,10 @@ class Lever:
     so `availability` lists none (the app shows them as free text)."""
     check: Callable[[TrainConfig, torch.device], None] | None = None
     """Device-dependent refusals beyond the availability table (ConfigError with the fix)."""
-    snippet: Callable[[TrainConfig, Any], None] | None = None
+    snippet: Callable[[TrainConfig, Snippet], None] | None = None
     """Adds this lever's statements to the exported snippet's sections when the config uses it."""
+    not_exported: str = ""
+    """Why the snippet leaves this lever out, when `snippet` is None."""
     space: Callable[[SpaceContext], Space] | None = None
     """The values the tuner tries by default; None with `not_searched` saying why not."""
     not_searched: str = ""

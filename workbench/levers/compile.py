@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import shutil
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -18,7 +19,8 @@ from torch import nn
 
 from workbench.config import COMPILE_MODES_WITH_CUDA_GRAPHS, ConfigError, TrainConfig
 from workbench.device import ALWAYS, Availability
-from workbench.levers.base import Lever, Table
+from workbench.levers.base import Lever, Space, SpaceContext, Table
+from workbench.levers.fragment import Snippet, call, q
 from workbench.levers.record import Applied
 
 
@@ -86,6 +88,41 @@ def _check(config: TrainConfig, dev: torch.device) -> None:
         )
 
 
+def compile_lines(config: TrainConfig) -> list[str]:
+    """The `return torch.compile(...)` lines; mode only for inductor, only when not default."""
+    args = ["model"]
+    lines = ["    # Compile last: it traces the final forward. Compilation runs on the first call."]
+    if config.compile != "default":
+        if config.compile_backend == "inductor":
+            args.append(f"mode={q(config.compile)}")
+        else:
+            lines.append(f"    # No mode={q(config.compile)}: only the inductor backend takes a mode.")
+    if config.compile_fullgraph:
+        args.append("fullgraph=True  # fail on graph breaks instead of running them eagerly")
+    if config.compile_dynamic is not None:
+        args.append(f"dynamic={config.compile_dynamic}")
+    if config.compile_backend != "inductor":
+        args.append(f"backend={q(config.compile_backend)}")
+    return [*lines, *call("return torch.compile", args, indent=4)]
+
+
+def _snippet(config: TrainConfig, snippet: Snippet) -> None:
+    if config.compile == "off":
+        return
+    snippet.model_return = compile_lines(config)
+    snippet.loader_args.append("drop_last=True  # a short last batch would recompile/break the graph")
+
+
+def _space(ctx: SpaceContext) -> Space:
+    """'off' and 'default': the other modes compile for minutes; widen to them explicitly."""
+    return {"compile": ctx.compile_modes}
+
+
+def searched_compile_modes(caps: Mapping[str, Mapping[Any, Availability]]) -> tuple[Any, ...]:
+    """The compile values the default space tries (other levers join only when compile does)."""
+    return tuple(v for v in ("off", "default") if caps["compile"][v].available)
+
+
 LEVER = Lever(
     name="compile",
     fields=("compile", "compile_fullgraph", "compile_dynamic", "compile_backend"),
@@ -93,4 +130,6 @@ LEVER = Lever(
     availability=_availability,
     open_fields=("compile_dynamic", "compile_backend"),
     check=_check,
+    snippet=_snippet,
+    space=_space,
 )

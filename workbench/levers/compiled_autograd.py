@@ -19,8 +19,9 @@ import torch
 from workbench.config import ConfigError, TrainConfig
 from workbench.device import ALWAYS, Availability
 from workbench.levers.amp import ContextFactory
-from workbench.levers.base import Lever, Table
+from workbench.levers.base import Lever, Space, SpaceContext, Table
 from workbench.levers.compile import compile_availability
+from workbench.levers.fragment import Snippet, call, comment, q
 from workbench.levers.record import Applied
 
 
@@ -93,9 +94,33 @@ def _availability(dev: torch.device) -> Table:
     return {"compiled_autograd": {False: ALWAYS, True: compiled_autograd_availability(dev)}}
 
 
+def _snippet(config: TrainConfig, snippet: Snippet) -> None:
+    if not config.compiled_autograd:
+        return
+    snippet.imports.add("from torch._dynamo import compiled_autograd")
+    why = (
+        "Compiled autograd: train_step captures each backward's whole autograd graph and compiles it "
+        "with this compiler (the forward's backend). A private PyTorch API."
+    )
+    args = [f"backend={q(config.compile_backend)}"]
+    if config.compile_backend == "inductor" and config.compile != "default":
+        args.append(f"mode={q(config.compile)}")
+    if config.compile_fullgraph:
+        args.append("fullgraph=True")
+    code = "\n".join(call("BACKWARD_COMPILER = torch.compile", args, indent=0))
+    snippet.statements.append("\n".join([*comment(why, indent="# "), code]))
+    snippet.backward_contexts.append("compiled_autograd._enable(BACKWARD_COMPILER)")
+
+
+def _space(ctx: SpaceContext) -> Space:
+    return {} if ctx.compile_modes == ("off",) else {"compiled_autograd": ctx.available("compiled_autograd")}
+
+
 LEVER = Lever(
     name="compiled_autograd",
     fields=("compiled_autograd",),
     summary="compile each step's whole backward graph too: may fuse more where graph breaks split it",
     availability=_availability,
+    snippet=_snippet,
+    space=_space,
 )

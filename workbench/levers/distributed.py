@@ -254,4 +254,7 @@ LEVER = Lever(
     availability=_availability,
     open_fields=("rdzv_endpoint", "nnodes", "ddp_bucket_cap_mb"),
     check=_check,
+    not_exported="the snippet is one process's step; a distributed run is exported as its torchrun command "
+    "(`workbench export --format command`), which runs the workbench's own rank entry point",
+    not_searched="distributed tuning is not supported yet; tune one process, then scale out",
 )

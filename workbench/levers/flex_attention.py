@@ -19,6 +19,7 @@ from torch import nn
 from workbench.config import ConfigError
 from workbench.device import Availability
 from workbench.levers.base import first_line
+from workbench.levers.fragment import Snippet
 from workbench.levers.record import Applied, name_list
 
 ATTRIBUTE = "attention_fn"
@@ -84,3 +85,44 @@ def flex_availability(dev: torch.device) -> Availability:
                 False, f"FlexAttention cannot train on {dev.type} in torch {torch.__version__}: {first_line(exc)}"
             )
     return Availability(True, "needs compile on: FlexAttention's fused kernel exists only under torch.compile")
+
+
+def flex_snippet(snippet: Snippet) -> None:
+    """`flex_sdpa` and `use_flex_attention`; `levers.flex_attention`, in plain PyTorch."""
+    snippet.imports.add("from torch.nn.attention.flex_attention import create_block_mask, flex_attention")
+    snippet.helpers += [
+        "def _causal(\n"
+        "    batch: Any, head: Any, q_index: torch.Tensor, kv_index: torch.Tensor\n"
+        ") -> torch.Tensor:\n"
+        "    return q_index >= kv_index",
+        "def flex_sdpa(\n"
+        "    query: torch.Tensor,\n"
+        "    key: torch.Tensor,\n"
+        "    value: torch.Tensor,\n"
+        "    *,\n"
+        "    is_causal: bool = False,\n"
+        ") -> torch.Tensor:\n"
+        '    """F.scaled_dot_product_attention(q, k, v, is_causal=...) by FlexAttention.\n'
+        "\n"
+        "    Causal attention is a block mask: the kernel skips the blocks above the diagonal.\n"
+        "    Fast only under torch.compile (eagerly it materializes the whole score matrix).\n"
+        '    """\n'
+        "    block_mask = None\n"
+        "    if is_causal:\n"
+        "        q_len, kv_len = query.shape[-2], key.shape[-2]\n"
+        "        block_mask = create_block_mask(\n"
+        "            _causal, None, None, q_len, kv_len, device=query.device\n"
+        "        )\n"
+        "    return flex_attention(query, key, value, block_mask=block_mask)",
+        "def use_flex_attention(model: nn.Module) -> int:\n"
+        '    """Give every module that calls attention through an `attention_fn` attribute\n'
+        "    (SDPA's signature) flex_sdpa instead. Where your model calls\n"
+        "    F.scaled_dot_product_attention directly, call flex_sdpa there instead.\n"
+        '    """\n'
+        '    modules = [m for m in model.modules() if callable(getattr(m, "attention_fn", None))]\n'
+        "    for module in modules:\n"
+        "        module.attention_fn = flex_sdpa\n"
+        "    if not modules:\n"
+        '        raise ValueError("no module of the model has an attention_fn to replace")\n'
+        "    return len(modules)",
+    ]

@@ -16,14 +16,51 @@ LINE_LENGTH = 88
 projects with the strictest common setting."""
 
 
+Context = tuple[list[str], str]
+"""Comment lines, then the expression of a `with` block (e.g. 'torch.autocast(...)')."""
+
+
 @dataclass
 class Snippet:
-    """The pieces of a snippet, collected by the section builders, assembled by `text()`."""
+    """The sections of a snippet: levers add to them, `export.snippet` lays them out.
 
+    Top level: `imports`, `constants`, `statements` and `helpers` (lever functions). The
+    functions the user calls are built from their own sections: `optimize_model` (the model
+    steps, in registry order), `make_optimizer`, `make_loader` (its arguments) and `train_step`
+    (batch lines, contexts around each micro-batch and its forward, the backward call and its
+    contexts, the optimizer step).
+    """
+
+    device: str = "cuda"
     imports: set[str] = field(default_factory=set)
     constants: list[str] = field(default_factory=list)
     statements: list[str] = field(default_factory=list)
+    helpers: list[str] = field(default_factory=list)
     functions: list[str] = field(default_factory=list)
+    model_params: list[str] = field(default_factory=list)
+    """Extra parameters of optimize_model, with their docstring lines in `model_doc`."""
+    model_doc: list[str] = field(default_factory=list)
+    model_move: list[str] = field(default_factory=lambda: ["    model = model.to(DEVICE)"])
+    model_steps: list[str] = field(default_factory=list)
+    model_return: list[str] = field(default_factory=list)
+    """The lines that return the finished model (compile's), when a lever wraps it."""
+    make_optimizer: str = ""
+    loader_args: list[str] = field(default_factory=list)
+    loader_batch_default: str = ""
+    to_device: list[str] = field(default_factory=lambda: ["batch = to_device(batch)"])
+    batch_lines: list[str] = field(default_factory=list)
+    micro_contexts: list[Context] = field(default_factory=list)
+    """Around each micro-batch's forward and backward (a forced SDPA kernel)."""
+    forward_contexts: list[Context] = field(default_factory=list)
+    """Around the forward and loss only (autocast)."""
+    backward: str = "(loss / len(batches)).backward()"
+    backward_contexts: list[str] = field(default_factory=list)
+    optimizer_step: list[str] = field(default_factory=lambda: ["optimizer.step()"])
+    graphed_step: str = ""
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.device.startswith("cuda")
 
     def text(self, header: list[str]) -> str:
         blocks = [

@@ -19,11 +19,12 @@ from typing import Any
 
 import torch
 
-from workbench.config import ConfigError
+from workbench.config import ConfigError, TrainConfig
 from workbench.device import Availability
 from workbench.levers.amp import ContextFactory
-from workbench.levers.base import Lever, Table
+from workbench.levers.base import Lever, Space, SpaceContext, Table
 from workbench.levers.compile import compile_availability
+from workbench.levers.fragment import Snippet, comment
 from workbench.levers.record import Applied
 
 CONFIG_NAME = "activation_memory_budget"
@@ -95,9 +96,32 @@ def _availability(dev: torch.device) -> Table:
     return {"activation_memory_budget": {b: memory_budget_availability(b, dev) for b in MEMORY_BUDGETS_SHOWN}}
 
 
+def _snippet(config: TrainConfig, snippet: Snippet) -> None:
+    """A compiler setting that must hold before the first compiled call."""
+    if config.activation_memory_budget >= 1.0:
+        return
+    snippet.imports.add("import torch._functorch.config")
+    why = (
+        f"Activation memory budget: torch.compile's partitioner keeps {config.activation_memory_budget:.0%} "
+        "of the activations its fastest plan would save and recomputes the cheapest rest in backward. "
+        "A private PyTorch setting: it is read when the first call compiles."
+    )
+    code = f"torch._functorch.config.activation_memory_budget = {config.activation_memory_budget!r}"
+    snippet.statements.append("\n".join([*comment(why, indent="# "), code]))
+
+
+def _space(ctx: SpaceContext) -> Space:
+    """Off (the baseline's) and one step, where compile is searched."""
+    if ctx.compile_modes == ("off",):
+        return {}
+    return {"activation_memory_budget": ctx.available("activation_memory_budget", (1.0, 0.5))}
+
+
 LEVER = Lever(
     name="activation_memory_budget",
     fields=("activation_memory_budget",),
     summary="let compile's partitioner recompute the cheapest activations: a memory dial between full and none",
     availability=_availability,
+    snippet=_snippet,
+    space=_space,
 )

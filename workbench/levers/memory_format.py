@@ -11,7 +11,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.levers.base import Lever, always
+from workbench.config import TrainConfig
+from workbench.levers.base import Lever, Space, SpaceContext, always
+from workbench.levers.fragment import Snippet
 from workbench.levers.record import Applied
 from workbench.workloads.base import map_tensors
 
@@ -45,9 +47,34 @@ def to_channels_last(batch: Any) -> Any:
     return map_tensors(batch, convert)
 
 
+IMAGES_CHANNELS_LAST = """def images_channels_last(tensor: torch.Tensor) -> torch.Tensor:
+    \"\"\"4-D floating tensors (images) in the weights' NHWC layout; others unchanged.\"\"\"
+    if tensor.dim() == 4 and tensor.is_floating_point():
+        return tensor.contiguous(memory_format=torch.channels_last)
+    return tensor"""
+
+
+def _snippet(config: TrainConfig, snippet: Snippet) -> None:
+    if not config.channels_last:
+        return
+    snippet.model_move = [
+        "    # NHWC weights let convolutions skip layout transposes. First, because it",
+        "    # rewrites weight storage that optimizer state and compiled code must see.",
+        "    model = model.to(DEVICE, memory_format=torch.channels_last)",
+    ]
+    snippet.batch_lines.append("batch = map_tensors(batch, images_channels_last)")
+    snippet.helpers.append(IMAGES_CHANNELS_LAST)
+
+
+def _space(ctx: SpaceContext) -> Space:
+    return {"channels_last": (False, True)}
+
+
 LEVER = Lever(
     name="channels_last",
     fields=("channels_last",),
     summary="NHWC weights and images: convolutions skip layout transposes (conv nets, mostly with AMP)",
     availability=always("channels_last"),
+    snippet=_snippet,
+    space=_space,
 )

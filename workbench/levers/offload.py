@@ -21,8 +21,9 @@ from torch import nn
 
 from workbench.config import ConfigError, TrainConfig
 from workbench.device import ALWAYS, Availability
-from workbench.levers.base import Lever, Table
+from workbench.levers.base import Lever, Space, SpaceContext, Table
 from workbench.levers.checkpointing import _no_match_message, find_targets, resolve_target
+from workbench.levers.fragment import Snippet, q
 from workbench.levers.record import Applied, name_list
 
 _MARK = "_workbench_offload"
@@ -120,10 +121,73 @@ def _check(config: TrainConfig, dev: torch.device) -> None:
             )
 
 
+def _snippet(config: TrainConfig, snippet: Snippet) -> None:
+    if config.activation_offload == "off":
+        return
+    target = config.activation_offload
+    note = "  # the workbench's 'auto': its workload's block; name yours" if target == "auto" else ""
+    snippet.constants += [
+        "# Modules whose saved activations wait in host memory: a class name or fnmatch glob.",
+        f"OFFLOAD_TARGET = {q('MyBlock' if target == 'auto' else target)}{note}",
+    ]
+    _offload_helpers(snippet)
+    snippet.model_steps += [
+        "    # After checkpointing (on a checkpointed block only its inputs are saved, so only",
+        "    # those move), before compile, which breaks the graph at each offloaded module.",
+        "    offload_modules(model, OFFLOAD_TARGET)",
+    ]
+
+
+def _offload_helpers(snippet: Snippet) -> None:
+    """`offload_modules`: this module's hooks, in plain PyTorch."""
+    snippet.imports |= {"import fnmatch", "import functools"}
+    snippet.helpers += [
+        "def _pack_to_host(tensor: torch.Tensor) -> tuple[torch.device, torch.Tensor]:\n"
+        "    # Into pinned host memory without making the host wait (torch < 2.13's save_on_cpu\n"
+        "    # blocks here); queued on the compute stream, so the GPU pays the copy's time.\n"
+        "    if not tensor.is_cuda or tensor.is_sparse:\n"
+        "        return tensor.device, tensor.cpu()\n"
+        "    packed = torch.empty(\n"
+        "        tensor.size(), dtype=tensor.dtype, layout=tensor.layout, pin_memory=True\n"
+        "    )\n"
+        "    packed.copy_(tensor, non_blocking=True)\n"
+        "    return tensor.device, packed",
+        "def _unpack_to_device(packed: tuple[torch.device, torch.Tensor]) -> torch.Tensor:\n"
+        "    device, tensor = packed\n"
+        "    return tensor.to(device, non_blocking=True)",
+        "def _offloaded(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:\n"
+        "    # What autograd saves in here is copied to pinned host memory and back for backward.\n"
+        "    with torch.autograd.graph.saved_tensors_hooks(_pack_to_host, _unpack_to_device):\n"
+        "        return forward(*args, **kwargs)",
+        "def offload_modules(model: nn.Module, target: str) -> list[str]:\n"
+        '    """Keep the activations saved inside every module matching `target` (a class\n'
+        "    name or an fnmatch glob over qualified names) in host memory until backward.\n"
+        '    """\n'
+        "    wrapped: list[str] = []\n"
+        "    for name, module in model.named_modules():\n"
+        '        if any(w == "" or name == w or name.startswith(w + ".") for w in wrapped):\n'
+        "            continue\n"
+        "        by_class = type(module).__name__ == target\n"
+        '        if by_class or (name != "" and fnmatch.fnmatchcase(name, target)):\n'
+        "            module.forward = functools.partial(_offloaded, module.forward)\n"
+        "            wrapped.append(name)\n"
+        "    if not wrapped:\n"
+        '        raise ValueError(f"offload target {target!r} matches no module of the model")\n'
+        "    return wrapped",
+    ]
+
+
+def _space(ctx: SpaceContext) -> Space:
+    """Offload of the workload's block ('auto') where this device can offload at all."""
+    return {"activation_offload": ctx.available("activation_offload")}
+
+
 LEVER = Lever(
     name="activation_offload",
     fields=("activation_offload",),
     summary="keep chosen modules' saved activations in pinned host memory: GPU memory for PCIe time",
     availability=_availability,
     check=_check,
+    snippet=_snippet,
+    space=_space,
 )

@@ -16,10 +16,11 @@ from contextlib import AbstractContextManager, contextmanager
 
 import torch
 
-from workbench.config import ConfigError
+from workbench.config import ConfigError, TrainConfig
 from workbench.device import ALWAYS, Availability
 from workbench.levers.amp import ContextFactory
-from workbench.levers.base import Lever, probed
+from workbench.levers.base import Lever, Space, SpaceContext, probed
+from workbench.levers.fragment import Snippet, comment, q
 from workbench.levers.record import Applied
 
 PRECISIONS = ("highest", "high", "medium")
@@ -95,9 +96,32 @@ def cudnn_tf32_availability(value: bool, dev: torch.device) -> Availability:
     return ALWAYS
 
 
+def _snippet(config: TrainConfig, snippet: Snippet) -> None:
+    """Each flag is written only when it differs from PyTorch's default, which is the same on
+    every device (matmuls 'highest', cuDNN convolutions TF32 allowed)."""
+    if config.matmul_precision != "highest":
+        what = "TF32 (10-bit mantissa)" if config.matmul_precision == "high" else "bfloat16-based kernels"
+        why = f"float32 matmuls may use {what}: faster, a little less precise (on NVIDIA GPUs from Ampere on)."
+        code = f"torch.set_float32_matmul_precision({q(config.matmul_precision)})"
+        snippet.statements.append("\n".join([*comment(why, indent="# "), code]))
+    if not config.cudnn_tf32:
+        why = (
+            "Strict fp32 convolutions: cuDNN may not use TF32, which PyTorch allows by default "
+            "(on NVIDIA GPUs from Ampere on; CPU convolutions never use it)."
+        )
+        snippet.statements.append("\n".join([*comment(why, indent="# "), "torch.backends.cudnn.allow_tf32 = False"]))
+
+
+def _space(ctx: SpaceContext) -> Space:
+    """Matmul precision only: cuDNN TF32 is on by default and turning it off is never faster."""
+    return {"matmul_precision": ctx.available("matmul_precision")}
+
+
 LEVER = Lever(
     name="fp32_precision",
     fields=("matmul_precision", "cudnn_tf32"),
     summary="let float32 matmuls/convolutions use TF32 or bf16 kernels: faster fp32 on Ampere+ GPUs",
     availability=probed(matmul_precision=matmul_precision_availability, cudnn_tf32=cudnn_tf32_availability),
+    snippet=_snippet,
+    space=_space,
 )

@@ -13,10 +13,11 @@ from contextlib import AbstractContextManager, contextmanager
 
 import torch
 
-from workbench.config import ConfigError
+from workbench.config import ConfigError, TrainConfig
 from workbench.device import ALWAYS, Availability, cpu_cores
 from workbench.levers.amp import ContextFactory
 from workbench.levers.base import Lever, Table
+from workbench.levers.fragment import Snippet, comment
 from workbench.levers.record import Applied
 
 
@@ -68,9 +69,23 @@ def _availability(dev: torch.device) -> Table:
     return {"intra_op_threads": dict(thread_counts(cpu_cores()))}
 
 
+def _snippet(config: TrainConfig, snippet: Snippet) -> None:
+    if config.intra_op_threads is None:
+        return
+    why = (
+        "The measured intra-op CPU thread count: with more threads than free cores (other "
+        "processes, loader workers) every operator waits for the slowest thread."
+    )
+    code = f"torch.set_num_threads({config.intra_op_threads})"
+    snippet.statements.append("\n".join([*comment(why, indent="# "), code]))
+
+
 LEVER = Lever(
     name="intra_op_threads",
     fields=("intra_op_threads",),
     summary="CPU threads per operator: fewer than the cores when other processes share them",
     availability=_availability,
+    snippet=_snippet,
+    not_searched="not in the default space: the best count depends on what else shares the host; "
+    "name intra_op_threads in a space file to search it",
 )
