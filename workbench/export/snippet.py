@@ -15,8 +15,8 @@ from typing import Any
 from workbench.config import ConfigError, TrainConfig, field_doc
 from workbench.export.command import cli_text
 from workbench.export.nvtx import NVTX_RANGE, with_nvtx_ranges
+from workbench.levers import registry
 from workbench.levers.fragment import Snippet, call, comment, q
-from workbench.levers.registry import LEVERS
 
 _DEVICE = re.compile(r"[a-z]+(:[0-9]+)?")
 
@@ -40,7 +40,7 @@ def to_snippet(config: TrainConfig, *, device: str = "cuda", nvtx: bool = False)
         "# the one that builds your model.\n"
         "torch.manual_seed(SEED)"
     )
-    for lever in LEVERS:
+    for lever in registry.LEVERS:
         if lever.snippet is not None:
             lever.snippet(config, snippet)
     snippet.constants += [

@@ -12,6 +12,7 @@ from contextlib import AbstractContextManager
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from workbench.config import ConfigError, TrainConfig
@@ -20,6 +21,7 @@ from workbench.levers.amp import ContextFactory
 from workbench.levers.base import Lever, Space, SpaceContext, first_line, probed
 from workbench.levers.fragment import Snippet
 from workbench.levers.record import Applied
+from workbench.workloads.base import Workload
 
 BACKENDS = {
     "math": SDPBackend.MATH,
@@ -87,6 +89,16 @@ def _space(ctx: SpaceContext) -> Space:
     return {"attention_backend": ctx.available("attention_backend")}
 
 
+def _apply_model(model: nn.Module, config: TrainConfig, workload: Workload) -> Applied | None:
+    """FlexAttention replaces the model's attention call (a module change); a forced SDPA kernel is
+    a context around the step instead (`apply_attention_backend`)."""
+    if config.attention_backend != "flex":
+        return None
+    from workbench.levers.flex_attention import apply_flex_attention
+
+    return apply_flex_attention(model)
+
+
 LEVER = Lever(
     name="attention_backend",
     fields=("attention_backend",),
@@ -94,4 +106,5 @@ LEVER = Lever(
     availability=probed(attention_backend=attention_availability),
     snippet=_snippet,
     space=_space,
+    apply_model=_apply_model,
 )

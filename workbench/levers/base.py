@@ -16,8 +16,11 @@ from workbench.device import ALWAYS, Availability
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
     from workbench.levers.fragment import Snippet
+    from workbench.levers.record import Applied
+    from workbench.workloads.base import Workload
 
 Table = dict[str, dict[Any, Availability]]
 """field -> value -> whether that value runs here (and why not)."""
@@ -55,6 +58,10 @@ class Lever:
     open_fields: tuple[str, ...] = ()
     """Fields with open-ended values (numbers, names): validation and `check` judge any value,
     so `availability` lists none (the app shows them as free text)."""
+    apply_model: Callable[[nn.Module, TrainConfig, Workload], Applied | None] | None = None
+    """Changes the model in place (before data parallelism, the optimizer and compile), when the
+    config uses the lever; `build()` calls these in registry order. Levers acting later (wrappers,
+    the optimizer, contexts around the step) are applied by `build()` at their own step."""
     check: Callable[[TrainConfig, torch.device], None] | None = None
     """Device-dependent refusals beyond the availability table (ConfigError with the fix)."""
     snippet: Callable[[TrainConfig, Snippet], None] | None = None

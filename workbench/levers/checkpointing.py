@@ -32,6 +32,7 @@ from workbench.config import ConfigError, TrainConfig
 from workbench.levers.base import Lever, Space, SpaceContext, always
 from workbench.levers.fragment import Snippet, q
 from workbench.levers.record import Applied, name_list
+from workbench.workloads.base import Workload
 
 _MARK = "_workbench_checkpoint"
 """Attribute set on a wrapped module (value: the policy), so wrapping is never applied twice."""
@@ -250,6 +251,14 @@ def _space(ctx: SpaceContext) -> Space:
     return {"activation_checkpointing": ("off", "full", "selective")}
 
 
+def _apply_model(model: nn.Module, config: TrainConfig, workload: Workload) -> Applied | None:
+    if config.activation_checkpointing == "off":
+        return None
+    return apply_activation_checkpointing(
+        model, config.activation_checkpointing, config.checkpoint_target, workload.checkpoint_target, workload.name
+    )
+
+
 LEVER = Lever(
     name="activation_checkpointing",
     fields=("activation_checkpointing", "checkpoint_target"),
@@ -258,4 +267,5 @@ LEVER = Lever(
     open_fields=("checkpoint_target",),
     snippet=_snippet,
     space=_space,
+    apply_model=_apply_model,
 )

@@ -25,6 +25,7 @@ from workbench.device import ALWAYS, Availability, cuda_capability
 from workbench.levers.base import Lever, Space, SpaceContext, probed
 from workbench.levers.fragment import Snippet, call, q
 from workbench.levers.record import Applied, name_list
+from workbench.workloads.base import Workload
 
 FLOAT8_CAPABILITY = (8, 9)
 """Ada/Hopper: the first NVIDIA generations with float8 tensor cores (`torch._scaled_mm`)."""
@@ -203,6 +204,10 @@ def _space(ctx: SpaceContext) -> Space:
     return {} if ctx.compile_modes == ("off",) else {"float8": ctx.available("float8")}
 
 
+def _apply_model(model: nn.Module, config: TrainConfig, workload: Workload) -> Applied | None:
+    return apply_float8(model, config.float8) if config.float8 != "off" else None
+
+
 LEVER = Lever(
     name="float8",
     fields=("float8",),
@@ -210,4 +215,5 @@ LEVER = Lever(
     availability=probed(float8=float8_availability),
     snippet=_snippet,
     space=_space,
+    apply_model=_apply_model,
 )

@@ -15,7 +15,7 @@ from workbench.config import TrainConfig
 from workbench.levers.base import Lever, Space, SpaceContext, always
 from workbench.levers.fragment import Snippet
 from workbench.levers.record import Applied
-from workbench.workloads.base import map_tensors
+from workbench.workloads.base import Workload, map_tensors
 
 
 def apply_channels_last(model: nn.Module) -> Applied:
@@ -70,6 +70,10 @@ def _space(ctx: SpaceContext) -> Space:
     return {"channels_last": (False, True)}
 
 
+def _apply_model(model: nn.Module, config: TrainConfig, workload: Workload) -> Applied | None:
+    return apply_channels_last(model) if config.channels_last else None
+
+
 LEVER = Lever(
     name="channels_last",
     fields=("channels_last",),
@@ -77,4 +81,5 @@ LEVER = Lever(
     availability=always("channels_last"),
     snippet=_snippet,
     space=_space,
+    apply_model=_apply_model,
 )

@@ -25,6 +25,7 @@ from workbench.levers.base import Lever, Space, SpaceContext, Table
 from workbench.levers.checkpointing import _no_match_message, find_targets, resolve_target
 from workbench.levers.fragment import Snippet, q
 from workbench.levers.record import Applied, name_list
+from workbench.workloads.base import Workload
 
 _MARK = "_workbench_offload"
 """Attribute set on a wrapped module, so offloading is never applied twice."""
@@ -182,6 +183,12 @@ def _space(ctx: SpaceContext) -> Space:
     return {"activation_offload": ctx.available("activation_offload")}
 
 
+def _apply_model(model: nn.Module, config: TrainConfig, workload: Workload) -> Applied | None:
+    if config.activation_offload == "off":
+        return None
+    return apply_activation_offload(model, config.activation_offload, workload.checkpoint_target, workload.name)
+
+
 LEVER = Lever(
     name="activation_offload",
     fields=("activation_offload",),
@@ -190,4 +197,5 @@ LEVER = Lever(
     check=_check,
     snippet=_snippet,
     space=_space,
+    apply_model=_apply_model,
 )

@@ -131,7 +131,7 @@ def default_space(
     """Every searchable lever at the values this device can run: each lever says which
     (`Lever.space`), kept to what pays on one node."""
     from workbench.device import device_info
-    from workbench.levers import LEVERS, capabilities
+    from workbench.levers import capabilities, registry
     from workbench.levers.base import SpaceContext
     from workbench.levers.compile import searched_compile_modes
 
@@ -139,7 +139,7 @@ def default_space(
     cores = cpu_cores or device_info(device).cpu_cores
     context = SpaceContext(caps, workload_batch, cores, global_batch, searched_compile_modes(caps))
     values: dict[str, tuple[Any, ...]] = {}
-    for lever in LEVERS:
+    for lever in registry.LEVERS:
         if lever.space is not None:
             values.update(lever.space(context))
     ordered = {name: values[name] for name in _SAMPLER_ORDER if name in values}
