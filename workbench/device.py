@@ -179,23 +179,31 @@ def _host_memory() -> int | None:
         return None
 
 
-# Deprecation shim for one release: capabilities, check_config and capabilities_report moved to
-# workbench.levers (each lever answers for its own values). The lazy import is the only place this
-# module reaches for levers, and it goes away with the shim.
-_MOVED_TO_LEVERS = ("capabilities", "check_config", "capabilities_report")
+# Deprecation shim for one release: these names moved to workbench.levers (each lever answers for
+# its own values). The lazy import below is the only place this module reaches for levers, and it
+# goes away with the shim.
+_MOVED_TO_LEVERS = {
+    "capabilities": "workbench.levers",
+    "check_config": "workbench.levers",
+    "capabilities_report": "workbench.levers",
+    "world_size_availability": "workbench.levers.distributed",
+    "WORLD_SIZES_SHOWN": "workbench.levers.distributed",
+    "CPU_RANKS_MAX_FLOOR": "workbench.levers.distributed",
+    "MEMORY_BUDGETS_SHOWN": "workbench.levers.memory_budget",
+}
 
 
 def __getattr__(name: str) -> Any:
     if name in _MOVED_TO_LEVERS:
+        import importlib
         import warnings
 
+        home = _MOVED_TO_LEVERS[name]
         warnings.warn(
-            f"workbench.device.{name} moved to workbench.levers.{name}; import it from there "
+            f"workbench.device.{name} moved to {home}.{name}; import it from there "
             "(the old name goes away in the next release)",
             DeprecationWarning,
             stacklevel=2,
         )
-        import workbench.levers
-
-        return getattr(workbench.levers, name)
+        return getattr(importlib.import_module(home), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
