@@ -16,10 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message says how to fix it."""
-
+from workbench.config_rules import COMPILE_MODES_WITH_CUDA_GRAPHS as COMPILE_MODES_WITH_CUDA_GRAPHS
+from workbench.config_rules import ConfigError, check_budget_value, validate
 
 AmpDtype = Literal["fp32", "bf16", "fp16"]
 CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
@@ -32,9 +30,6 @@ Strategy = Literal["none", "ddp", "fsdp2"]
 CommHook = Literal["none", "fp16", "bf16"]
 FsdpParamDtype = Literal["fp32", "bf16"]
 Float8Recipe = Literal["off", "tensorwise", "rowwise"]
-
-#: compile modes that capture CUDA graphs themselves (cudagraph trees).
-COMPILE_MODES_WITH_CUDA_GRAPHS = ("reduce-overhead", "max-autotune")
 
 
 @dataclass(frozen=True)
@@ -186,8 +181,7 @@ class TrainConfig:
     """Workload options passed to the workload factory (e.g. {'sample_cost_ms': 5})."""
 
     def __post_init__(self) -> None:
-        from workbench.config_rules import validate  # the rules need the field helpers defined below
-
+        _check_choices(self)
         validate(self)
 
     # --- conversion -------------------------------------------------------------
@@ -382,6 +376,36 @@ def _parse_scalar(raw: str) -> Any:
         return json.loads(raw)
     except json.JSONDecodeError:
         return raw
+
+
+# --- each field's own type and choices (the rules between fields: `config_rules`) -------------
+
+
+def _check_choices(cfg: TrainConfig) -> None:
+    for name in field_names():
+        choices = field_choices(name)
+        value = getattr(cfg, name)
+        if choices is None or (value is None and type(None) in typing.get_args(_hints()[name])):
+            continue
+        if _hints()[name] is bool or bool in typing.get_args(_hints()[name]):
+            if not isinstance(value, bool):
+                raise ConfigError(f"{name} must be true or false, got {value!r}")
+            continue
+        if value not in choices:
+            raise ConfigError(f"{name}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}")
+    if not isinstance(cfg.compile_backend, str) or not cfg.compile_backend:
+        raise ConfigError("compile_backend must be a backend name such as 'inductor', 'aot_eager' or 'eager'")
+    if not isinstance(cfg.checkpoint_target, str) or not cfg.checkpoint_target.strip():
+        raise ConfigError(
+            "checkpoint_target must be a module class name, a name pattern such as 'encoder.*', or 'auto'"
+        )
+    check_budget_value(cfg.activation_memory_budget)
+    if not isinstance(cfg.activation_offload, str) or not cfg.activation_offload.strip():
+        raise ConfigError(
+            "activation_offload must be 'off', 'auto', a module class name or a name pattern such as 'encoder.*'"
+        )
+    if not isinstance(cfg.extra, dict):
+        raise ConfigError(f"extra must be a dict of workload options, got {type(cfg.extra).__name__}")
 
 
 def _copy(value: Any) -> Any:

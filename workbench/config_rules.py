@@ -1,57 +1,35 @@
 """`TrainConfig`'s device-independent rules: bad values and combinations that can never work.
 
 Run when a config is built, so a bad one fails before any trial, with a message saying how to
-fix it. Grouped by the lever each rule concerns (see `workbench.levers`); no torch, no lever
-import: the config is the lowest layer. What *this* device can do is each lever's own check.
+fix it. Grouped by the lever each rule concerns (see `workbench.levers`). The lowest layer: it
+imports nothing of the workbench (no torch, no lever, not even `config`, which imports it).
 """
 
 from __future__ import annotations
 
 import math
-import typing
 from typing import TYPE_CHECKING, Any
-
-from workbench.config import COMPILE_MODES_WITH_CUDA_GRAPHS, ConfigError, _hints, field_choices, field_names
 
 if TYPE_CHECKING:
     from workbench.config import TrainConfig
 
 
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message says how to fix it."""
+
+
+#: compile modes that capture CUDA graphs themselves (cudagraph trees).
+COMPILE_MODES_WITH_CUDA_GRAPHS = ("reduce-overhead", "max-autotune")
+
+
 def validate(cfg: TrainConfig) -> None:
-    """Every rule, in a fixed order: the first one broken is the one reported."""
-    _check_choices(cfg)
+    """The rules after each field's own type and choices (`TrainConfig` checks those first), in a
+    fixed order: the first one broken is the one reported."""
     _check_numbers(cfg)
     _check_combinations(cfg)
 
 
-# --- every field: its type, its choices, its range -------------------------------------------
-
-
-def _check_choices(cfg: TrainConfig) -> None:
-    for name in field_names():
-        choices = field_choices(name)
-        value = getattr(cfg, name)
-        if choices is None or (value is None and type(None) in typing.get_args(_hints()[name])):
-            continue
-        if _hints()[name] is bool or bool in typing.get_args(_hints()[name]):
-            if not isinstance(value, bool):
-                raise ConfigError(f"{name} must be true or false, got {value!r}")
-            continue
-        if value not in choices:
-            raise ConfigError(f"{name}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}")
-    if not isinstance(cfg.compile_backend, str) or not cfg.compile_backend:
-        raise ConfigError("compile_backend must be a backend name such as 'inductor', 'aot_eager' or 'eager'")
-    if not isinstance(cfg.checkpoint_target, str) or not cfg.checkpoint_target.strip():
-        raise ConfigError(
-            "checkpoint_target must be a module class name, a name pattern such as 'encoder.*', or 'auto'"
-        )
-    _check_budget_value(cfg.activation_memory_budget)
-    if not isinstance(cfg.activation_offload, str) or not cfg.activation_offload.strip():
-        raise ConfigError(
-            "activation_offload must be 'off', 'auto', a module class name or a name pattern such as 'encoder.*'"
-        )
-    if not isinstance(cfg.extra, dict):
-        raise ConfigError(f"extra must be a dict of workload options, got {type(cfg.extra).__name__}")
+# --- every number field: its type and range ---------------------------------------------------
 
 
 def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
@@ -183,7 +161,7 @@ def _check_distributed(cfg: TrainConfig) -> None:
 BACKENDS_WITHOUT_MEMORY_BUDGET = ("eager", "aot_eager_default_partitioner")
 
 
-def _check_budget_value(budget: Any) -> None:
+def check_budget_value(budget: Any) -> None:
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0.0 <= budget <= 1.0:
         raise ConfigError(
             f"activation_memory_budget must be a number from 0 to 1 (1.0 = off), got {budget!r}; "
