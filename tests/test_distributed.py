@@ -23,8 +23,9 @@ from proc_watch import no_live_children
 from torch import nn
 
 from workbench.analysis.numerics import relative_deviation
+from workbench.analysis.ranks import distributed_findings
 from workbench.config import ConfigError, TrainConfig
-from workbench.distributed import distributed_findings, rank_rows
+from workbench.distributed import rank_rows
 from workbench.distributed.entry import build_parser
 from workbench.distributed.overlap import comm_profile, intersect, subtract, union
 from workbench.distributed.sharding import shard_workload
@@ -238,12 +239,12 @@ def test_rank_summary_and_findings_from_known_figures() -> None:
     result = TrialResult(trial_id="t", status="ok", workload="w", config=config.to_dict(), distributed=info)
     result.capabilities = {"comm_hook": {"bf16": {"available": False, "reason": "needs NCCL"}}}
     findings = distributed_findings(result)
-    assert [f.kind for f in findings] == ["sync_bound", "straggler"]
+    assert [f.title for f in findings] == ["distributed synchronization bound", "straggler: rank 1"]
     changes = [rec.changes for rec in findings[0].recommendations]
     assert {"comm_hook": "fp16"} in changes and {"ddp_static_graph": True} in changes  # bf16 hook: not here
     for change in filter(None, changes):
         config.replace(**change)  # every suggested change is a valid config
-    assert "rank 1" in findings[1].detail and "50%" in findings[1].detail
+    assert "rank 1" in findings[1].summary and "50%" in findings[1].summary
     healthy = TrialResult(trial_id="t", status="ok", workload="w", config=config.to_dict())
     assert distributed_findings(healthy) == []
 

@@ -350,7 +350,7 @@ def test_the_core_imports_without_torchao() -> None:
     code = (
         "import sys; sys.modules['torchao'] = None\n"  # an import of torchao now fails
         "import workbench.levers, workbench.device, workbench.export, workbench.tune\n"
-        "from workbench.device import capabilities; capabilities('cpu')\n"
+        "from workbench.levers import capabilities; capabilities('cpu')\n"
         "print('ok')"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -1,7 +1,7 @@
 """A one-line progress display on stderr that subscribes to trial events.
 
 Hand-written rather than tqdm: it is an event sink, not a loop wrapper, and the CLI
-must run on GPU machines that have only torch and numpy (see FIELD-NOTES).
+must run on GPU machines that have only torch and numpy and no package registry to add tqdm.
 """
 
 from __future__ import annotations

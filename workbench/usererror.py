@@ -76,9 +76,7 @@ def brief_error(message: str, verbose: bool = False) -> str:
 def _library_roots() -> list[str]:
     import importlib.util
 
-    import workbench
-
-    roots = [str(Path(workbench.__file__).resolve().parent)]
+    roots = [str(Path(__file__).resolve().parent)]  # this package
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
         path = sysconfig.get_paths().get(key)
         if path:

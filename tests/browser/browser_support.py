@@ -1,6 +1,6 @@
 """What every real-browser test needs: Debian's Chromium, its flags here, a skip reason, a free port.
 
-FIELD-NOTES: launch /usr/bin/chromium (never `playwright install`, nothing can be downloaded)
+Launch /usr/bin/chromium (never `playwright install`: nothing can be downloaded on these hosts)
 with flags that keep it off the closed network.
 """
 

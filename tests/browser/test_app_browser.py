@@ -4,7 +4,8 @@ Opens the quickstart, runs its set-up and app cells, types a longer window into 
 app, clicks "Run baseline", and reads the step-time chart's ColumnDataSource out of
 BokehJS in the page (`window.Bokeh.documents`) while the trial runs: it must gain
 points before the trial ends. A second check displays an app whose trial finished
-*before* its view existed — the FIELD-NOTES race — and the chart must still fill.
+*before* its view existed — streaming into a BokehModel before its front-end view exists once left
+the chart blank for good — and the chart must still fill.
 Screenshots go to artifacts/browser/. Skips with the reason when /usr/bin/chromium or
 the playwright package is missing; it never downloads a browser.
 """
@@ -117,7 +118,7 @@ def test_step_time_chart_gains_points_while_the_trial_runs(page: Page) -> None:
 
 
 def test_chart_fills_when_the_trial_finished_before_the_view_existed(page: Page) -> None:
-    """The FIELD-NOTES race, made certain: all data is sent before the browser view exists."""
+    """Data streamed before the view exists (once a blank chart for good), made certain: all data is sent before the browser view exists."""
     before = _points(page)
     cells = page.locator(".jp-NotebookPanel .jp-Cell")
     last = cells.count() - 1

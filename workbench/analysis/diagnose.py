@@ -22,17 +22,17 @@ well-balanced step should be; its recommendations make the compute itself faster
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from workbench.analysis import recommend
 from workbench.analysis.diagnose_utilization import utilization_findings, utilization_notes
+from workbench.analysis.findings import Finding as Finding  # re-exported: callers import it from here
+from workbench.analysis.findings import Kind as Kind
+from workbench.analysis.findings import Severity as Severity
 from workbench.analysis.flops import FlopCount, Mfu, model_flops_utilization
-from workbench.analysis.recommend import Recommendation
+from workbench.analysis.ranks import distributed_findings
 from workbench.config import TrainConfig, resolved_optimizer_impl
 from workbench.measure.result import TrialResult
-
-Kind = Literal["data", "overhead", "sync", "compute", "memory-bandwidth", "memory", "distributed", "threads"]
-Severity = Literal["bottleneck", "info"]
 
 #: Data phase share of the step above which loading is the bottleneck (a quarter of every step idle).
 DATA_SHARE = 0.25
@@ -48,24 +48,6 @@ MEMORY_BOUND_SHARE = 0.6
 HIGH_MFU = 0.4
 #: Peak memory share of the device above which memory is the constraint.
 MEMORY_SHARE = 0.85
-
-
-@dataclass
-class Finding:
-    kind: Kind
-    severity: Severity
-    title: str
-    summary: str
-    """One sentence with the evidence numbers."""
-    evidence: dict[str, Any]
-    score: float
-    """About how much of the step this explains (0-1), for ordering findings."""
-    recommendations: list[Recommendation] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = {k: v for k, v in asdict(self).items() if k != "recommendations"}
-        data["recommendations"] = [r.to_dict() for r in self.recommendations]
-        return data
 
 
 @dataclass
@@ -150,7 +132,7 @@ def diagnose(result: TrialResult, flops: FlopCount | int | None = None) -> Diagn
         _memory(ctx, result),
         _oversubscribed(ctx, result),
         *_kernels(ctx, profile, mfu, phases),
-        *_distributed(result),
+        *distributed_findings(result),
     ]
     kept = [f for f in findings if f is not None]
     kept += utilization_findings(ctx, result, kept)
@@ -159,37 +141,6 @@ def diagnose(result: TrialResult, flops: FlopCount | int | None = None) -> Diagn
     if profile.get("syncs", {}).get("error"):
         notes.append(f"sync scan failed: {profile['syncs']['error']}")
     return Diagnosis(result.trial_id, kept, mfu, notes)
-
-
-def _distributed(result: TrialResult) -> list[Finding]:
-    """Distributed synchronization and straggler findings, from the per-rank figures of a torchrun trial."""
-    from workbench.distributed.stats import distributed_findings
-
-    expected = {
-        "sync_bound": "less communication exposed on the step's critical path",
-        "straggler": "the other ranks stop waiting for the slowest one",
-    }
-    return [
-        Finding(
-            kind="distributed",
-            severity="bottleneck",
-            title=found.title,
-            summary=found.detail,
-            evidence=found.evidence,
-            score=found.severity,
-            recommendations=[
-                recommend.Recommendation(
-                    title=rec.text,
-                    changes=dict(rec.changes),
-                    expected=expected.get(found.kind, ""),
-                    why=found.detail,
-                    rank=rank,
-                )
-                for rank, rec in enumerate(found.recommendations, start=1)
-            ],
-        )
-        for found in distributed_findings(result)
-    ]
 
 
 def ctx_device_name(result: TrialResult) -> str:

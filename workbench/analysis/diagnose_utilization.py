@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from workbench.analysis import recommend
+from workbench.analysis.findings import Finding, Kind
 
 if TYPE_CHECKING:
-    from workbench.analysis.diagnose import Finding, Kind
     from workbench.measure.result import TrialResult
 
 #: CUDA: median NVML utilization below which the GPU waited on the host much of the window.
@@ -44,8 +44,6 @@ def utilization_notes(result: TrialResult) -> list[str]:
 
 
 def _gpu_underused(ctx: recommend.Context, gpu: dict[str, Any] | None, findings: list[Finding]) -> Finding | None:
-    from workbench.analysis.diagnose import Finding
-
     busy = ((gpu or {}).get("util_pct") or {}).get("median")
     if ctx.device_type != "cuda" or busy is None or busy >= LOW_GPU_UTIL_PCT or ctx.step_ms >= SHORT_STEP_MS:
         return None
@@ -71,8 +69,6 @@ def _gpu_underused(ctx: recommend.Context, gpu: dict[str, Any] | None, findings:
 
 
 def _cpu_contention(ctx: recommend.Context, cpu: dict[str, Any] | None) -> Finding | None:
-    from workbench.analysis.diagnose import Finding
-
     if ctx.device_type != "cpu" or not cpu:
         return None
     threads = int(cpu.get("torch_threads") or cpu["cores_available"]) + ctx.config.num_workers

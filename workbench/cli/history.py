@@ -10,7 +10,7 @@ from workbench.cli.options import UsageError, add_store_arg, config_from
 
 
 def add_commands(sub: Any) -> None:
-    history = sub.add_parser("history", help="stored trials, newest first")
+    history = sub.add_parser("history", help="stored trials and watched runs (kind watch), newest first")
     history.add_argument("--workload", default=None, help="only this workload")
     history.add_argument("--config", default=None, metavar="K=V[,K=V]",
                          help="only this exact configuration ('' for the defaults)")  # fmt: skip
@@ -22,12 +22,18 @@ def add_commands(sub: Any) -> None:
     history.set_defaults(handler=_cmd_history)
 
 
+def _newest_first(row: Any) -> float:
+    """Trials by when they were saved, watched runs by when they started: newest first."""
+    return -(row.started_at if row.kind == "watch" else row.saved_at)
+
+
 def _cmd_history(args: argparse.Namespace) -> int:
     from datetime import datetime
     from pathlib import Path
 
     from workbench.store import Store, default_store_path
     from workbench.store.text import format_history
+    from workbench.store.watched import watched_runs
 
     if args.limit < 1:
         raise UsageError(f"--limit must be >= 1, got {args.limit}")
@@ -44,5 +50,8 @@ def _cmd_history(args: argparse.Namespace) -> int:
         return 0
     with Store(path, create=False) as store:
         rows = store.history(workload=args.workload, config=config, commit=args.commit, since=since, limit=args.limit)
+        if config is None:  # a watched job's settings are its own, not a TrainConfig to match
+            watched = watched_runs(store, name=args.workload, commit=args.commit, since=since, limit=args.limit)
+            rows = sorted([*rows, *(w.history_row() for w in watched)], key=_newest_first)[: args.limit]
     print(json.dumps([r.to_dict() for r in rows], indent=2) if args.json else format_history(rows, store.path))
     return 0

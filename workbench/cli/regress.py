@@ -19,7 +19,11 @@ from workbench.cli.options import (
 
 def add_commands(sub: Any) -> None:
     regress = sub.add_parser("regress", help="check a suite of configurations against stored results (for CI)")
-    regress.add_argument("--suite", required=True, metavar="SUITE.json", help="workload, window and configurations")
+    regress.add_argument("--suite", default=None, metavar="SUITE.json", help="workload, window and configurations")
+    regress.add_argument("--watched", default=None, metavar="RUN",
+                         help="check a watched job (wb.watch) instead of a suite: its run id or job name; "
+                              "--against is then 'latest' (its newest earlier clean run on this hardware) or "
+                              "'run:<id>'")  # fmt: skip
     regress.add_argument("--against", default="latest", metavar="REF",
                          help="'latest' (default), 'run:<id>' from `workbench history`, or a git commit/revision")  # fmt: skip
     regress.add_argument("--threshold", type=float, default=0.05,
@@ -46,6 +50,10 @@ def _cmd_regress(args: argparse.Namespace) -> int:
     from workbench.store import default_store_path, opened_store, parse_reference
     from workbench.store.reference import describe_trials, find_baselines, stored_current
 
+    if (args.suite is None) == (args.watched is None):
+        raise UsageError("give either --suite SUITE.json or --watched RUN")
+    if args.watched is not None:
+        return _regress_watched(args)
     suite = load_suite(args.suite)
     if not args.from_store:
         check_on_device([c.config for c in suite.configurations], args.device, [c.name for c in suite.configurations])
@@ -73,6 +81,25 @@ def _cmd_regress(args: argparse.Namespace) -> int:
     baselines = {name: Baseline(describe_trials(t), [x.result for x in t]) if t else None for name, t in found.items()}
     report = check_regressions(suite, current, baselines, against=reference.describe(), threshold=args.threshold,
                                confidence=args.confidence)  # fmt: skip
+    print(json.dumps(report.to_dict(), indent=2) if args.json else format_report(report))
+    return report.exit_code
+
+
+def _regress_watched(args: argparse.Namespace) -> int:
+    """A watched run's steady step time against a stored reference run (nothing is measured)."""
+    from workbench.analysis.regress import format_report
+    from workbench.store import Store, default_store_path
+    from workbench.watch.regress import WatchReferenceError, check_watched_run
+
+    path = args.store or default_store_path()
+    if path is None:
+        raise UsageError("--watched reads the run history, but it is off (WORKBENCH_STORE=off); pass --store PATH")
+    try:
+        with Store(path, create=False) as store:
+            report = check_watched_run(store, args.watched, args.against, threshold=args.threshold,
+                                       confidence=args.confidence)  # fmt: skip
+    except WatchReferenceError as exc:
+        raise UsageError(str(exc)) from None
     print(json.dumps(report.to_dict(), indent=2) if args.json else format_report(report))
     return report.exit_code
 

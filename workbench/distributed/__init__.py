@@ -2,11 +2,12 @@
 
 `run_trial` hands a config with strategy ddp/fsdp2 to `run_distributed_trial`; the rest of the
 product reads plain data back: `TrialResult.rank_step_ms` (every rank's step times),
-`TrialResult.distributed` (summary), `rank_rows(result)` and `distributed_findings(result)`.
+`TrialResult.distributed` (summary) and `rank_rows(result)`; what they say is
+`workbench.analysis.ranks.distributed_findings`.
 Imports no torch at package import, so the core stays light.
 """
 
 from workbench.distributed.launch import run_distributed_trial
-from workbench.distributed.stats import DistributedFinding, Recommendation, distributed_findings, rank_rows
+from workbench.distributed.stats import rank_rows
 
-__all__ = ["DistributedFinding", "Recommendation", "distributed_findings", "rank_rows", "run_distributed_trial"]
+__all__ = ["rank_rows", "run_distributed_trial"]

@@ -34,7 +34,7 @@ from workbench.workloads import Workload, load_workload
 
 PROFILE_STEPS = 3
 """Steps in the profiled window: enough to average, short enough that the profiler's ~10% CPU
-overhead and its trace stay small (FIELD-NOTES)."""
+overhead and its trace stay small (a 5-step CPU trace is already 5-15 MB)."""
 BANDWIDTH_ITERS = 5
 BANDWIDTH_MAX_BYTES = 32 * 2**20
 """The bandwidth probe all-reduces the model's gradient size, capped here to stay quick."""

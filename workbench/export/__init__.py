@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from workbench.callable_module import make_callable
 from workbench.config import ConfigError, TrainConfig
 from workbench.export.command import to_command
 from workbench.export.jsonfmt import to_json
@@ -26,3 +27,6 @@ def export_config(config: TrainConfig, fmt: str, **kwargs: Any) -> str:
     if fmt not in exporters:
         raise ConfigError(f"export format {fmt!r} is not valid; choose one of: {', '.join(FORMATS)}")
     return exporters[fmt](config, **kwargs)
+
+
+make_callable(__name__, export_config)  # wb.export(config, "snippet"): the module is the public function

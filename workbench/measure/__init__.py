@@ -8,7 +8,6 @@ from workbench.measure.events import (
     StepMeasured,
     TrialFinished,
     TrialStarted,
-    event_to_dict,
 )
 from workbench.measure.request import TrialRequest
 from workbench.measure.result import STATUSES, TrialResult
@@ -24,5 +23,4 @@ __all__ = [
     "TrialResult",
     "TrialStarted",
     "cold_compile",
-    "event_to_dict",
 ]

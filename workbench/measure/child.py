@@ -22,8 +22,9 @@ import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
+
+from workbench.measure.child_env import child_environment
 
 MODULE = "workbench.measure.child"
 SPARE_FLAG = "--spare"
@@ -153,16 +154,6 @@ def _spawn(env: dict[str, str], spare: bool = False) -> tuple[subprocess.Popen[b
         os.close(request_read)  # the child holds its own copies; EOF then means "the other side is gone"
         os.close(reply_write)
     return process, Connection(request_write, readable=False), Connection(reply_read, writable=False)
-
-
-def child_environment() -> dict[str, str]:
-    """The caller's environment plus its import path: modules a notebook or script imported by
-    path (a 'package.module:attr' workload) must import in the child too."""
-    env = dict(os.environ)
-    package_root = str(Path(__file__).resolve().parents[2])
-    paths = [package_root, *(p or os.getcwd() for p in sys.path), *env.get("PYTHONPATH", "").split(os.pathsep)]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p and os.path.isdir(p)))
-    return env
 
 
 def watch_parent(outbox_from_parent: Connection) -> None:

@@ -17,6 +17,8 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 
+from workbench.measure.child_env import child_environment
+
 #: Environment variable: 'fresh' gives every trial worker an empty compile cache; unset or
 #: 'reuse' shares the user's cache (PyTorch's default).
 ENV = "WORKBENCH_COMPILE_CACHE"
@@ -56,8 +58,6 @@ def fresh_cache_environment() -> Iterator[dict[str, str] | None]:
     if not fresh_cache_requested():
         yield None
         return
-    from workbench.measure.child import child_environment
-
     directory = tempfile.mkdtemp(prefix="workbench-compile-cache-")
     try:
         env = child_environment()

@@ -6,7 +6,7 @@ Plain, picklable dataclasses, so the same events cross from a worker process unc
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -59,10 +59,3 @@ class RoundMeasured:
 
 Event = TrialStarted | StepMeasured | TrialFinished | RoundMeasured
 EventSink = Callable[[Event], None]
-
-
-def event_to_dict(event: Event) -> dict[str, Any]:
-    """JSON-ready form with a 'type' key (the result is expanded by its own to_dict)."""
-    if isinstance(event, TrialFinished):
-        return {"type": "TrialFinished", "trial_id": event.trial_id, "result": event.result.to_dict()}
-    return {"type": type(event).__name__, **asdict(event)}

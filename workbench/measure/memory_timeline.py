@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from workbench.measure.ranges import RANGE_PREFIX
+
 #: Our categories, in stacking order (bottom first). 'other' holds the batch (inputs), autograd's
 #: own buffers and allocations the profiler could not tie to a tensor.
 CATEGORIES = ("parameters", "optimizer_state", "gradients", "activations", "temporaries", "other")
@@ -155,8 +157,6 @@ def downsample_indices(values: list[int], max_samples: int) -> list[int]:
 
 def _phases(nodes: Any, start_ns: int) -> list[dict[str, Any]]:
     """The step's `workbench::<phase>` ranges as [{phase, start_ms, end_ms}]."""
-    from workbench.measure.profile import RANGE_PREFIX
-
     out = []
     for node in nodes:
         if node.name.startswith(RANGE_PREFIX):
@@ -170,8 +170,6 @@ def _phases(nodes: Any, start_ns: int) -> list[dict[str, Any]]:
 
 def recomputed_ops(nodes: Any) -> dict[str, int]:
     """Forward-entry ops (`FORWARD_ENTRY_OPS`) that ran inside the backward phase, by name."""
-    from workbench.measure.profile import RANGE_PREFIX
-
     backward = [(n.start_time_ns, n.end_time_ns) for n in nodes if n.name == RANGE_PREFIX + "backward"]
     counts: dict[str, int] = {}
     for node in nodes:
@@ -191,8 +189,6 @@ def _peak(
     ops = [n.name for n in running if n.name.startswith(("aten::", "mkldnn::", "torchvision::"))]
     modules = [n.name for n in running if n.name.startswith("nn.Module:")]
     nodes_ = [n.name for n in running if n.name.startswith("autograd::engine::evaluate_function:")]
-    from workbench.measure.profile import RANGE_PREFIX
-
     phases = [n.name[len(RANGE_PREFIX) :] for n in running if n.name.startswith(RANGE_PREFIX)]
     return {
         "t_ms": (t_ns - start_ns) / 1e6,

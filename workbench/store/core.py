@@ -66,6 +66,8 @@ class HistoryRow:
 
     @property
     def config_label(self) -> str:
+        if self.kind == "watch":  # a watched job's own settings: no TrainConfig defaults to leave out
+            return ", ".join(f"{k}={v}" for k, v in self.config.items()) or "-"
         defaults = TrainConfig().to_dict()
         parts = [f"{k}={v}" for k, v in self.config.items() if k != "extra" and defaults.get(k, object()) != v]
         parts += [f"extra.{k}={v}" for k, v in (self.config.get("extra") or {}).items()]

@@ -87,8 +87,58 @@ _V1 = [
     "CREATE INDEX trials_by_run ON trials(run_id)",
 ]
 
+# Watched runs (`workbench.watch`): a user's own job, written while it runs. Its `runs` row
+# (kind 'watch') is joined by one `watch_runs` row, updated at every flush (heartbeat, last
+# step, running summary), and by `watch_steps` rows: the whole run downsampled into buckets
+# of `steps` consecutive steps (recent = 0), and the latest steps one per row (recent = 1).
+# 'killed' is never written: a process killed outright cannot write it; it is decided on
+# read from a stale heartbeat and a pid that is gone (store/watched.py).
+_V2 = [
+    """
+    CREATE TABLE watch_runs (
+        run_id INTEGER PRIMARY KEY REFERENCES runs(id),
+        name TEXT NOT NULL,
+        status TEXT NOT NULL,          -- running / ended
+        message TEXT NOT NULL DEFAULT '',
+        host TEXT,
+        pid INTEGER,
+        pid_started_at REAL,           -- the process's start time, so a reused pid is not mistaken for it
+        started_at REAL NOT NULL,
+        heartbeat_at REAL NOT NULL,
+        ended_at REAL,
+        last_step INTEGER NOT NULL DEFAULT 0,
+        warmup INTEGER NOT NULL,
+        device_name TEXT,
+        git_commit TEXT,
+        git_dirty INTEGER NOT NULL DEFAULT 0,
+        env_key TEXT NOT NULL,
+        environment TEXT NOT NULL,
+        config TEXT NOT NULL,          -- the job's own configuration, as the user passed it
+        summary TEXT NOT NULL DEFAULT '{}'
+    )
+    """,
+    """
+    CREATE TABLE watch_steps (
+        run_id INTEGER NOT NULL REFERENCES runs(id),
+        recent INTEGER NOT NULL,
+        first_step INTEGER NOT NULL,
+        steps INTEGER NOT NULL,
+        wall_time REAL NOT NULL,
+        step_ms REAL,
+        data_ms REAL,
+        forward_ms REAL,
+        backward_ms REAL,
+        optimizer_ms REAL,
+        peak_memory_bytes INTEGER,
+        loss REAL,
+        PRIMARY KEY (run_id, recent, first_step)
+    )
+    """,
+    "CREATE INDEX watch_runs_by_name ON watch_runs(name, run_id)",
+]
+
 #: MIGRATIONS[i] takes a store from version i to version i + 1.
-MIGRATIONS: list[list[str]] = [_V1]
+MIGRATIONS: list[list[str]] = [_V1, _V2]
 
 
 def schema_version() -> int:

@@ -5,6 +5,7 @@ study, measures contenders with the one comparison protocol (successive halving 
 rounds) and picks the winner by the comparison's own rule. It keeps no statistics of its own.
 """
 
+from workbench.callable_module import make_callable
 from workbench.tune.objective import DEFAULT_PLANNED_STEPS, Objective, pareto_front
 from workbench.tune.result import TuneResult
 from workbench.tune.search import MIN_BUDGET_S, tune
@@ -23,3 +24,5 @@ __all__ = [
     "tune",
     "user_space",
 ]
+
+make_callable(__name__, tune)  # wb.tune(...) runs the tuner; wb.tune.tune is the same function

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.workloads.base import Workload
+from workbench.workloads.catalog import register
 from workbench.workloads.layers import TransformerBlock, init_transformer_weights
-from workbench.workloads.registry import register
 from workbench.workloads.synthetic import Sample, SyntheticDataset, check_sample_cost, choose_preset
 
 NAME = "e2e-planner"

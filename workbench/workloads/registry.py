@@ -10,40 +10,20 @@ import importlib
 import inspect
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from workbench.workloads.base import Workload, WorkloadError
+from workbench.workloads.catalog import BUILTINS, BuiltinWorkload
+from workbench.workloads.catalog import register as register  # its old home; kept importable
 
 PRESETS = ("tiny", "base", "large")
 DEFAULT_WORKLOAD = "bev-perception"
 """The workload the CLI and the app start from when none is named."""
 
 
-@dataclass(frozen=True)
-class BuiltinWorkload:
-    name: str
-    builder: Callable[..., Workload]
-    """`builder(preset, **options)` -> Workload."""
-    description: str
-
-
-_BUILTINS: dict[str, BuiltinWorkload] = {}
-
-
-def register(name: str, description: str) -> Callable[[Callable[..., Workload]], Callable[..., Workload]]:
-    """Decorator: make `builder(preset, **options)` available by name."""
-
-    def wrap(builder: Callable[..., Workload]) -> Callable[..., Workload]:
-        _BUILTINS[name] = BuiltinWorkload(name, builder, description)
-        return builder
-
-    return wrap
-
-
 def builtin_workloads() -> dict[str, BuiltinWorkload]:
     _import_builtins()
-    return dict(_BUILTINS)
+    return dict(BUILTINS)
 
 
 def load_workload(spec: str | Workload, preset: str = "tiny", **options: Any) -> Workload:
@@ -173,5 +153,6 @@ def _accepted_kwargs(fn: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str
 
 
 def _import_builtins() -> None:
-    # Importing the modules runs their @register decorators.
+    # Importing the modules runs their @register decorators. Here, not at the top: they import torch,
+    # and `import workbench.workloads` must not (the CLI's parser and the server extension use it).
     from workbench.workloads import bev, planner, vlm  # noqa: F401

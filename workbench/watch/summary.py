@@ -1,0 +1,49 @@
+"""A watched run's running summary (written with every flush) and the device monitor's window figures."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from workbench.analysis.steady import steady_step_ms
+from workbench.measure.monitor import Sample
+from workbench.store.watched import StepRow
+from workbench.watch.steps import StepHistory
+
+
+def run_summary(rows: Sequence[StepRow], warmup: int, history: StepHistory, window: dict[str, Any],
+                energy_j: float | None, dropped_steps: int, dropped_writes: int) -> dict[str, Any]:  # fmt: skip
+    median, iqr = steady_step_ms(rows, warmup)
+    last = history.recent[-1] if history.recent else None
+    return {
+        "steady_median_ms": median,
+        "steady_iqr_ms": iqr,
+        "stride": history.stride,
+        "last_loss": last.loss if last is not None else None,
+        "peak_memory_bytes": max((r.peak_memory_bytes for r in rows if r.peak_memory_bytes is not None), default=None),
+        "window": window,
+        "energy_j": energy_j,
+        "dropped_steps": dropped_steps,
+        "dropped_writes": dropped_writes,
+    }
+
+
+def window_utilization(samples: Sequence[Sample]) -> dict[str, Any]:
+    """Mean host and GPU utilization over the samples, and the GPUs' energy (power × time) over them."""
+    if not samples:
+        return {}
+    cpu = [s["host"]["cpu_pct"] for s in samples]
+    gpu = [g["util_pct"] for s in samples for g in s["gpus"] if g["util_pct"] is not None]
+    energy = None
+    for before, after in itertools.pairwise(samples):
+        power = [g["power_w"] for g in after["gpus"] if g["power_w"] is not None]
+        if power:
+            energy = (energy or 0.0) + sum(power) * (after["t"] - before["t"])
+    return {
+        "start": samples[0]["t"],
+        "end": samples[-1]["t"],
+        "cpu_pct": sum(cpu) / len(cpu),
+        "gpu_util_pct": sum(gpu) / len(gpu) if gpu else None,
+        "energy_j": energy,
+    }

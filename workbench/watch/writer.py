@@ -1,0 +1,212 @@
+"""The watched job's only link to the store: a bounded hand-off and a daemon thread that drains it.
+
+The training thread only appends raw step records to a bounded deque (a full deque drops
+the record and counts it); this thread resolves them (CUDA events once `query()` says
+they are done, so nothing synchronizes the job), folds them into the bounded
+`StepHistory`, and writes one transaction per flush. A store that cannot be opened or
+written costs the job nothing: the flush is dropped, counted and reported once on
+stderr, and tried again at the next flush, on this thread only.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench.fingerprint import environment_fingerprint
+from workbench.measure.monitor import DeviceMonitor
+from workbench.store import DEFAULT_STORE, StoreArg, default_store_path
+from workbench.store.core import Store
+from workbench.store.watched import flush_watch_run, start_watch_run
+from workbench.watch.steps import StepHistory, StepSample
+from workbench.watch.summary import run_summary, window_utilization
+
+
+@dataclass
+class RawStep:
+    """One step's boundaries as stamped in the loop: perf_counter floats on CPU, CUDA events on GPU."""
+
+    step: int
+    wall_time: float
+    start: Any
+    end: Any
+    data_s: float
+    forward: tuple[Any, Any] | None
+    optimizer: tuple[Any, Any] | None
+    loss: Any
+    peak_memory_bytes: int | None
+
+
+class Writer:
+    """Owns the daemon thread; `offer()` is the only call the training thread makes."""
+
+    def __init__(self, store: StoreArg, *, name: str, config: dict[str, Any], warmup: int, device: Any,
+                 flush_s: float, capacity: int, max_rows: int, recent: int) -> None:  # fmt: skip
+        self.name, self.config, self.warmup, self.device = name, config, warmup, device
+        self.flush_s = flush_s
+        self.capacity = capacity
+        self.history = StepHistory(max_rows, recent)
+        self.run_id: int | None = None
+        self.dropped_steps = 0
+        self.dropped_writes = 0
+        self.last_error = ""
+        self._store_arg = store
+        self._pending: collections.deque[RawStep] = collections.deque()
+        self._unresolved: collections.deque[RawStep] = collections.deque()
+        self._stop = threading.Event()
+        self._ended: str | None = None
+        self._warned = False
+        self._window: dict[str, Any] = {}
+        self._energy_j: float | None = None
+        self._thread = threading.Thread(target=self._run, name="workbench-watch-writer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def offer(self, record: RawStep) -> None:
+        """Hand a step over without waiting; dropped (and counted) when the writer has fallen behind."""
+        if len(self._pending) < self.capacity:
+            self._pending.append(record)
+        else:
+            self.dropped_steps += 1
+
+    def close(self, ended: str, timeout_s: float) -> None:
+        """Ask for the last flush (marking the run ended) and wait for it at most `timeout_s`."""
+        self._ended = ended
+        self._stop.set()
+        self._thread.join(timeout_s)
+
+    # --- the thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        monitor = _start_monitor(self.device)
+        store: Store | None = None
+        try:
+            while True:
+                stopping = self._stop.wait(self.flush_s)
+                self._drain(final=stopping)
+                if monitor is not None:
+                    window = window_utilization(monitor.samples(since=self._window.get("end")))
+                    if window:
+                        self._window = window
+                        self._add_energy(window)
+                if store is None:
+                    store = self._open()
+                self._flush(store, ended=self._ended if stopping else None)
+                if stopping:
+                    return
+        finally:
+            if monitor is not None:
+                monitor.close()
+            if store is not None and store is not self._store_arg:
+                store.close()
+
+    def _open(self) -> Store | None:
+        """The store to write, or None (no store asked for, or it cannot be opened now: counted, said once)."""
+        arg = self._store_arg
+        if isinstance(arg, Store) or arg is None:
+            return arg
+        path = default_store_path() if arg is DEFAULT_STORE else Path(arg)  # type: ignore[arg-type]
+        if path is None:
+            return None
+        try:
+            return Store(path)
+        except Exception as exc:
+            self.dropped_writes += 1
+            self._report(f"{type(exc).__name__}: {exc}")
+            return None
+
+    def _drain(self, final: bool) -> None:
+        while self._pending:
+            self._unresolved.append(self._pending.popleft())
+        while self._unresolved:
+            record = self._unresolved[0]
+            if not _done(record.end):
+                if not final:
+                    return
+                record.end.synchronize()  # the job has left the loop: only this thread waits
+            self._unresolved.popleft()
+            self.history.add(_resolve(record))
+
+    def _flush(self, store: Store | None, ended: str | None) -> None:
+        if store is None:
+            return
+        history, replaced, recent, recent_from = self.history.changes()
+        summary = run_summary(self.history.rows(), self.warmup, self.history, self._window, self._energy_j,
+                              self.dropped_steps, self.dropped_writes)  # fmt: skip
+        try:
+            if self.run_id is None:
+                environment = environment_fingerprint(self.device)
+                self.run_id = start_watch_run(store, self.name, config=self.config, environment=environment,
+                                              warmup=self.warmup, pid=os.getpid())  # fmt: skip
+            flush_watch_run(store, self.run_id, last_step=self.history.last_step, summary=summary, history=history,
+                            replace_history=replaced, recent=recent, recent_from=recent_from, ended=ended)  # fmt: skip
+        except Exception as exc:
+            self.dropped_writes += 1
+            self.history.changes_lost()
+            self._report(f"{type(exc).__name__}: {exc}")
+
+    def _add_energy(self, window: dict[str, Any]) -> None:
+        if window.get("energy_j") is not None:
+            self._energy_j = (self._energy_j or 0.0) + window["energy_j"]
+
+    def _report(self, why: str) -> None:
+        self.last_error = why
+        if self._warned:
+            return
+        self._warned = True
+        print(f"workbench.watch: cannot write the run history ({why}); training goes on, its step rows are "
+              "dropped and counted (Watch.dropped_writes) and the store is tried again later", file=sys.stderr)  # fmt: skip
+
+
+def _start_monitor(device: Any) -> DeviceMonitor | None:
+    try:
+        return DeviceMonitor(rate_hz=2.0, history_s=30.0, include_children=False,
+                             use_nvml=device.type == "cuda").start()  # fmt: skip
+    except Exception:  # utilization is a nice-to-have; the watch goes on without it
+        return None
+
+
+def _done(stamp: Any) -> bool:
+    return isinstance(stamp, float) or bool(stamp.query())
+
+
+def _elapsed_ms(start: Any, end: Any) -> float:
+    if isinstance(start, float):
+        return (end - start) * 1000.0
+    return float(start.elapsed_time(end))
+
+
+def _resolve(r: RawStep) -> StepSample:
+    forward = backward = optimizer = None
+    if r.forward is not None:
+        forward = _elapsed_ms(*r.forward)
+        if r.optimizer is not None:
+            backward = _elapsed_ms(r.forward[1], r.optimizer[0])
+    if r.optimizer is not None:
+        optimizer = _elapsed_ms(*r.optimizer)
+    return StepSample(r.step, r.wall_time, _elapsed_ms(r.start, r.end), r.data_s * 1000.0, forward, backward,
+                      optimizer, r.peak_memory_bytes, _loss_value(r.loss))  # fmt: skip
+
+
+def _loss_value(loss: Any) -> float | None:
+    """The loss as a float, read after its step finished (a CUDA tensor through a side stream, so the
+    read never queues behind the job's work)."""
+    if loss is None:
+        return None
+    if isinstance(loss, (int, float)):
+        return float(loss)
+    try:
+        if loss.is_cuda:
+            with torch.cuda.stream(torch.cuda.Stream(device=loss.device)):
+                return float(loss.item())
+        return float(loss.item())
+    except Exception:
+        return None
