@@ -60,7 +60,7 @@ def device(dry_run: bool) -> int:
 
 def float8_plan(dry_run: bool) -> int:
     """Which nn.Linear of the e2e-planner (base) float8 would convert; torchao's filter is the truth."""
-    from workbench.optimizations.float8 import float8_plan as plan_for
+    from workbench.levers.float8 import float8_plan as plan_for
     from workbench.workloads import load_workload
 
     model = load_workload("e2e-planner", "base").model_fn()

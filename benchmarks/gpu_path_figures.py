@@ -119,7 +119,8 @@ def sync_free_window() -> None:
 
 
 def bf16_gating() -> None:
-    from workbench.device import bf16_availability, capabilities, native_half_dtype
+    from workbench.device import bf16_availability, native_half_dtype
+    from workbench.levers import capabilities
 
     if not CUDA:
         for cap in ((7, 0), (7, 5), (8, 0), (9, 0)):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 
 from workbench.config import ConfigError, TrainConfig, field_choices
-from workbench.device import check_config
+from workbench.levers import check_config
 
 AXES = ("amp", "compile", "activation_checkpointing", "cuda_graphs", "optimizer_impl", "attention_backend")
 

@@ -200,7 +200,7 @@ class TinyViT(nn.Module):
 
 
 def test_a_typo_in_checkpoint_target_suggests_the_close_match_and_the_repeated_blocks() -> None:
-    from workbench.optimizations.checkpointing import apply_activation_checkpointing
+    from workbench.levers.checkpointing import apply_activation_checkpointing
 
     with pytest.raises(ConfigError) as caught:
         apply_activation_checkpointing(TinyViT(), "full", "VitLayer")

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from workbench.config import ConfigError, TrainConfig
-from workbench.device import capabilities, capabilities_report, check_config, device_info, resolve_device
+from workbench.device import device_info, resolve_device
+from workbench.levers import capabilities, capabilities_report, check_config
 from workbench.peak_specs import known_devices, lookup_spec
 
 needs_cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="asserts CPU-only behaviour")
@@ -183,7 +184,7 @@ def test_cpu_allows_small_gloo_worlds_and_refuses_the_bf16_hook_with_its_reason(
 
 
 def test_gpu_worlds_need_one_device_per_rank() -> None:
-    from workbench.device import world_size_availability
+    from workbench.levers.distributed import world_size_availability
 
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
@@ -222,7 +223,7 @@ def test_bf16_is_offered_from_compute_capability_8_0(capability: tuple[int, int]
 
 def test_amp_and_fsdp_bf16_gate_on_the_device_capability(monkeypatch: pytest.MonkeyPatch) -> None:
     """The gating decision given a V100's capability tuple (only the tuple is supplied, no GPU call)."""
-    from workbench import device
+    from workbench.levers import amp, distributed
 
     asked: list[torch.device] = []
 
@@ -230,9 +231,10 @@ def test_amp_and_fsdp_bf16_gate_on_the_device_capability(monkeypatch: pytest.Mon
         asked.append(dev)
         return (7, 0)
 
-    monkeypatch.setattr(device, "_cuda_capability", v100)
+    monkeypatch.setattr(amp, "cuda_capability", v100)
+    monkeypatch.setattr(distributed, "cuda_capability", v100)
     cuda1 = torch.device("cuda:1")
-    assert not device._amp("bf16", cuda1).available
-    assert device._amp("fp16", cuda1).available
-    assert not device._fsdp_param_dtype("bf16", cuda1).available
+    assert not amp.amp_availability("bf16", cuda1).available
+    assert amp.amp_availability("fp16", cuda1).available
+    assert not distributed.fsdp_param_dtype_availability("bf16", cuda1).available
     assert asked == [cuda1, cuda1]  # the trial's device, not whichever device is current

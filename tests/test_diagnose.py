@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 from workbench.analysis.diagnose import Diagnosis, diagnose
 from workbench.analysis.flops import FlopCount
 from workbench.config import ConfigError, TrainConfig
-from workbench.device import check_config
+from workbench.levers import check_config
 from workbench.measure import TrialResult
 from workbench.measure.profile import ProfileOptions
 from workbench.peak_specs import lookup_spec

@@ -31,8 +31,8 @@ from workbench.distributed.overlap import comm_profile, intersect, subtract, uni
 from workbench.distributed.sharding import shard_workload
 from workbench.distributed.stats import summarize_ranks
 from workbench.export import to_command
+from workbench.levers.build import build
 from workbench.measure import StepMeasured, TrialFinished, TrialResult, TrialStarted
-from workbench.optimizations.build import build
 from workbench.trials import run_trial
 from workbench.workloads import Workload, load_workload
 

@@ -33,8 +33,8 @@ from torchao_float8 import torchao_verdicts
 from workbench.cli import build_parser
 from workbench.config import CheckpointPolicy, ConfigError, TrainConfig
 from workbench.export import FORMATS, export_config, to_command, to_json, to_snippet
-from workbench.optimizations import build
-from workbench.optimizations.checkpointing import SAVED_OPS
+from workbench.levers import build
+from workbench.levers.checkpointing import SAVED_OPS
 from workbench.workloads import Workload
 
 RUFF = Path(sys.executable).parent / "ruff"
@@ -655,7 +655,7 @@ FLOAT8_SIZES = (16, 1000, 1024, 1040, 2048, 2064, 4096, 4112, 8192)
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 def test_the_float8_filter_in_the_snippet_agrees_with_the_shape_check(recipe: str) -> None:
-    from workbench.optimizations.float8 import float8_worth_converting
+    from workbench.levers.float8 import float8_worth_converting
 
     keep = snippet_float8_filter(recipe)
     for in_features, out_features in itertools.product(FLOAT8_SIZES, FLOAT8_SIZES):

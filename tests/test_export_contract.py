@@ -31,8 +31,8 @@ from snippet_runner import run_snippet
 
 from workbench.analysis.numerics import EARLY_STEPS, early_tolerance, relative_deviation
 from workbench.config import TrainConfig, resolved_settings
-from workbench.device import capabilities
 from workbench.export import export_config
+from workbench.levers import capabilities
 from workbench.trials import run_trial
 from workbench.workloads import load_workload
 

@@ -14,8 +14,8 @@ from torch import nn
 from torchao_float8 import torchao_verdicts
 
 from workbench.config import ConfigError, TrainConfig
+from workbench.levers import TrainStep, build
 from workbench.measure.memory import saved_for_backward_bytes
-from workbench.optimizations import TrainStep, build
 from workbench.workloads.base import Workload
 
 # --- a token MLP: linear layers with pointwise ops between, what the partitioner can recompute ---
@@ -128,7 +128,7 @@ def test_memory_budget_validation_says_how_to_fix_it(changes: dict[str, Any], me
 
 
 def test_memory_budget_capabilities_on_cpu_and_override_parsing() -> None:
-    from workbench.device import capabilities
+    from workbench.levers import capabilities
 
     table = capabilities("cpu")["activation_memory_budget"]
     assert table[1.0].available and "off" in table[1.0].reason
@@ -181,7 +181,7 @@ def test_compiled_autograd_validation_says_how_to_fix_it(changes: dict[str, Any]
 
 
 def test_compiled_autograd_capability_on_cpu() -> None:
-    from workbench.device import capabilities
+    from workbench.levers import capabilities
 
     table = capabilities("cpu")["compiled_autograd"]
     assert table[False].available and table[True].available and "compile" in table[True].reason
@@ -199,7 +199,7 @@ EAGER_FLEX = pytest.mark.filterwarnings("ignore:flex_attention called without to
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 def test_flex_attention_matches_sdpa_within_dtype_tolerance(dtype: torch.dtype, tolerance: float, causal: bool) -> None:
     """Forward only: torch 2.13 has no FlexAttention backward on CPU (the capability says so)."""
-    from workbench.optimizations.flex_attention import flex_sdpa
+    from workbench.levers.flex_attention import flex_sdpa
 
     generator = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 4, 48, 16, generator=generator).to(dtype) for _ in range(3))
@@ -211,7 +211,7 @@ def test_flex_attention_matches_sdpa_within_dtype_tolerance(dtype: torch.dtype, 
 
 @EAGER_FLEX
 def test_flex_attention_replaces_the_workloads_attention_calls() -> None:
-    from workbench.optimizations.flex_attention import apply_flex_attention, attention_modules, flex_sdpa
+    from workbench.levers.flex_attention import apply_flex_attention, attention_modules, flex_sdpa
     from workbench.workloads import load_workload
     from workbench.workloads.layers import SelfAttention
 
@@ -235,7 +235,7 @@ def test_flex_attention_replaces_the_workloads_attention_calls() -> None:
 
 
 def test_flex_attention_is_refused_on_cpu_with_the_reason_and_needs_compile() -> None:
-    from workbench.device import capabilities
+    from workbench.levers import capabilities
 
     flex = capabilities("cpu")["attention_backend"]["flex"]
     assert not flex.available and "cannot train on cpu" in flex.reason and "backward" in flex.reason
@@ -269,7 +269,7 @@ def test_flex_attention_is_refused_on_cpu_with_the_reason_and_needs_compile() ->
 def test_float8_shape_check_classifies_analytic_examples(
     in_features: int, out_features: int, recipe: str, convert: bool
 ) -> None:
-    from workbench.optimizations.float8 import float8_worth_converting
+    from workbench.levers.float8 import float8_worth_converting
 
     verdict, reason = float8_worth_converting(in_features, out_features, recipe)
     assert verdict is convert, reason
@@ -285,7 +285,7 @@ def test_float8_shape_check_is_torchaos_own_filter(recipe: str) -> None:
     """The truth is torchao's `_auto_filter_for_recipe`, the filter its own recipes use."""
     import itertools
 
-    from workbench.optimizations.float8 import float8_worth_converting
+    from workbench.levers.float8 import float8_worth_converting
 
     shapes = list(itertools.product(FLOAT8_SIZES, FLOAT8_SIZES))
     truth = torchao_verdicts(shapes, recipe)
@@ -296,7 +296,7 @@ def test_float8_shape_check_is_torchaos_own_filter(recipe: str) -> None:
 
 
 def test_float8_plan_and_module_filter_agree_and_skip_by_name() -> None:
-    from workbench.optimizations.float8 import float8_module_filter, float8_plan
+    from workbench.levers.float8 import float8_module_filter, float8_plan
 
     model = nn.ModuleDict(
         {
@@ -317,7 +317,7 @@ def test_float8_plan_and_module_filter_agree_and_skip_by_name() -> None:
 
 
 def test_float8_is_unavailable_on_cpu_and_refused_without_compile() -> None:
-    from workbench.device import capabilities
+    from workbench.levers import capabilities
 
     table = capabilities("cpu")["float8"]
     assert table["off"].available
@@ -334,7 +334,7 @@ def test_float8_is_unavailable_on_cpu_and_refused_without_compile() -> None:
 def test_float8_refuses_a_model_with_nothing_worth_converting_and_names_the_extra() -> None:
     import importlib.util
 
-    from workbench.optimizations.float8 import apply_float8
+    from workbench.levers.float8 import apply_float8
 
     with pytest.raises(ConfigError, match=r"no nn\.Linear of TokenMLP is large enough"):
         apply_float8(TokenMLP(), "rowwise")
@@ -349,8 +349,8 @@ def test_the_core_imports_without_torchao() -> None:
 
     code = (
         "import sys; sys.modules['torchao'] = None\n"  # an import of torchao now fails
-        "import workbench.optimizations, workbench.device, workbench.export, workbench.tune\n"
-        "from workbench.device import capabilities; capabilities('cpu')\n"
+        "import workbench.levers, workbench.device, workbench.export, workbench.tune\n"
+        "from workbench.levers import capabilities; capabilities('cpu')\n"
         "print('ok')"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -361,7 +361,7 @@ def test_the_core_imports_without_torchao() -> None:
 
 
 def test_offload_wraps_the_matching_modules_and_keeps_gradients() -> None:
-    from workbench.optimizations.offload import apply_activation_offload, offloaded_modules
+    from workbench.levers.offload import apply_activation_offload, offloaded_modules
 
     torch.manual_seed(0)
     model, reference = TokenMLP(), TokenMLP()
@@ -386,7 +386,7 @@ def test_offload_wraps_the_matching_modules_and_keeps_gradients() -> None:
 
 
 def test_offload_is_unavailable_on_cpu_with_the_reason_and_refused_with_cuda_graphs() -> None:
-    from workbench.device import capabilities, check_config
+    from workbench.levers import capabilities, check_config
 
     offload = capabilities("cpu")["activation_offload"]["auto"]
     assert not offload.available and "already live in host memory" in offload.reason

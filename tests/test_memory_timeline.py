@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from workbench.config import TrainConfig
+from workbench.levers.build import build
 from workbench.measure.memory import track_step_memory
 from workbench.measure.memory_timeline import (
     CATEGORIES,
@@ -22,7 +23,6 @@ from workbench.measure.memory_timeline import (
 )
 from workbench.measure.profile import _profiled_step
 from workbench.measure.window import one_step
-from workbench.optimizations.build import build
 from workbench.workloads import load_workload
 
 

@@ -12,9 +12,9 @@ from torch import nn
 from workbench.cli import main
 from workbench.config import TrainConfig
 from workbench.export import to_snippet
+from workbench.levers.build import build
 from workbench.measure.nvtx import NvtxStepRanges, step_ranges
 from workbench.measure.window import one_step
-from workbench.optimizations.build import build
 from workbench.workloads import Workload
 
 

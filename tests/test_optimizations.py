@@ -1,4 +1,4 @@
-"""CPU tests of `workbench.optimizations`: each toggle checked against an independent observation
+"""CPU tests of `workbench.levers`: each toggle checked against an independent observation
 (dispatched ops, live tensor storages, saved tensors, optimizer flags), not against its own record."""
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from workbench.config import ConfigError, TrainConfig
-from workbench.optimizations import Applied, TrainStep, build, checkpointed_modules, find_targets, selective_policy
-from workbench.optimizations.attention import apply_attention_backend
-from workbench.optimizations.checkpointing import apply_activation_checkpointing
-from workbench.optimizations.cuda_graphs import apply_cuda_graphs, snapshot_training_state
-from workbench.optimizations.precision import fp32_precision
+from workbench.levers import Applied, TrainStep, build, checkpointed_modules, find_targets, selective_policy
+from workbench.levers.attention import apply_attention_backend
+from workbench.levers.checkpointing import apply_activation_checkpointing
+from workbench.levers.cuda_graphs import apply_cuda_graphs, snapshot_training_state
+from workbench.levers.precision import fp32_precision
 from workbench.workloads.base import Workload
 
 CPU = torch.device("cpu")
@@ -406,7 +406,7 @@ def test_each_precision_toggle_sets_only_its_own_flag_for_the_step(
     # On CPU check_config refuses these (they would change nothing); the flags are what is tested.
     with pytest.raises(ConfigError, match=next(iter(changes))):
         make(**changes)
-    monkeypatch.setattr("workbench.device.check_config", lambda config, device: None)
+    monkeypatch.setattr("workbench.levers.registry.check_config", lambda config, device: None)
     default, _ = make()
     step, batches = make(**changes)
     seen: list[tuple[str, bool]] = []

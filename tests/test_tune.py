@@ -30,7 +30,7 @@ from workbench.tune.screening import Screening
 
 def test_default_space_offers_only_what_this_cpu_runs() -> None:
     """On a CPU: no CUDA graphs, no pinned memory, no TF32, no reduce-overhead; workers up to the cores."""
-    from workbench.device import capabilities
+    from workbench.levers import capabilities
 
     space = default_space(8, "cpu", cpu_cores=2)
     assert space.values["cuda_graphs"] == (False,)

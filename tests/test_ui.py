@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from workbench.config import TrainConfig, field_choices, field_doc, field_names
-from workbench.device import capabilities
+from workbench.levers import capabilities
 from workbench.workloads import Workload
 
 pytest.importorskip("ipywidgets")

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from workbench.analysis.diagnose import diagnose_trial as diagnose
     from workbench.api import run_comparison as compare
     from workbench.config import ConfigError, TrainConfig
-    from workbench.device import capabilities
     from workbench.estimate import estimate_memory
+    from workbench.levers import capabilities
     from workbench.measure.result import TrialResult
     from workbench.protocol import Protocol
     from workbench.trials import run_trial
@@ -37,7 +37,7 @@ _PUBLIC = {
     "ConfigError": "workbench.config:ConfigError",
     "Workload": "workbench.workloads:Workload",
     "load_workload": "workbench.workloads:load_workload",
-    "capabilities": "workbench.device:capabilities",
+    "capabilities": "workbench.levers:capabilities",
     "run_trial": "workbench.trials:run_trial",
     "TrialResult": "workbench.measure.result:TrialResult",
     "compare": "workbench.api:run_comparison",

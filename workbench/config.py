@@ -1,7 +1,8 @@
 """`TrainConfig`: every optimization toggle of a training step, in one frozen dataclass.
 
 Validation here is device-independent (bad values, combinations that can never
-work); what *this* device can do is `workbench.device.capabilities()`'s job.
+work, in `workbench.config_rules`, grouped by lever); what *this* device can do is
+each lever's own question (`workbench.levers.capabilities()`).
 No torch import: the config must load anywhere, fast.
 """
 
@@ -10,16 +11,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import math
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message says how to fix it."""
-
+from workbench.config_rules import COMPILE_MODES_WITH_CUDA_GRAPHS as COMPILE_MODES_WITH_CUDA_GRAPHS
+from workbench.config_rules import ConfigError, check_budget_value, validate
 
 AmpDtype = Literal["fp32", "bf16", "fp16"]
 CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
@@ -32,9 +30,6 @@ Strategy = Literal["none", "ddp", "fsdp2"]
 CommHook = Literal["none", "fp16", "bf16"]
 FsdpParamDtype = Literal["fp32", "bf16"]
 Float8Recipe = Literal["off", "tensorwise", "rowwise"]
-
-#: compile modes that capture CUDA graphs themselves (cudagraph trees).
-COMPILE_MODES_WITH_CUDA_GRAPHS = ("reduce-overhead", "max-autotune")
 
 
 @dataclass(frozen=True)
@@ -187,8 +182,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _check_choices(self)
-        _check_numbers(self)
-        _check_combinations(self)
+        validate(self)
 
     # --- conversion -------------------------------------------------------------
 
@@ -384,7 +378,7 @@ def _parse_scalar(raw: str) -> Any:
         return raw
 
 
-# --- validation ---------------------------------------------------------------------
+# --- each field's own type and choices (the rules between fields: `config_rules`) -------------
 
 
 def _check_choices(cfg: TrainConfig) -> None:
@@ -405,182 +399,13 @@ def _check_choices(cfg: TrainConfig) -> None:
         raise ConfigError(
             "checkpoint_target must be a module class name, a name pattern such as 'encoder.*', or 'auto'"
         )
-    _check_budget_value(cfg.activation_memory_budget)
+    check_budget_value(cfg.activation_memory_budget)
     if not isinstance(cfg.activation_offload, str) or not cfg.activation_offload.strip():
         raise ConfigError(
             "activation_offload must be 'off', 'auto', a module class name or a name pattern such as 'encoder.*'"
         )
     if not isinstance(cfg.extra, dict):
         raise ConfigError(f"extra must be a dict of workload options, got {type(cfg.extra).__name__}")
-
-
-def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
-
-
-def _check_numbers(cfg: TrainConfig) -> None:
-    _check_int("batch_size", cfg.batch_size, 1, allow_none=True)
-    _check_int("grad_accumulation", cfg.grad_accumulation, 1)
-    _check_int("num_workers", cfg.num_workers, 0)
-    _check_int("prefetch_factor", cfg.prefetch_factor, 1, allow_none=True)
-    _check_int("seed", cfg.seed, 0)
-    _check_int("intra_op_threads", cfg.intra_op_threads, 1, allow_none=True)
-    _check_int("nproc_per_node", cfg.nproc_per_node, 1)
-    _check_int("nnodes", cfg.nnodes, 1)
-    cap = cfg.ddp_bucket_cap_mb
-    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < math.inf):
-        raise ConfigError(f"ddp_bucket_cap_mb must be a positive number of MB (or none for 25), got {cap!r}")
-    if isinstance(cfg.lr, bool) or not isinstance(cfg.lr, (int, float)) or not 0 < cfg.lr < math.inf:
-        raise ConfigError(f"lr must be a positive number, and finite, got {cfg.lr!r}")
-
-
-def _check_combinations(cfg: TrainConfig) -> None:
-    if cfg.compile == "off" and (cfg.compile_fullgraph or cfg.compile_dynamic is not None):
-        raise ConfigError("compile_fullgraph/compile_dynamic need compile on; set compile=default (or another mode)")
-    if cfg.compile == "off" and cfg.compile_backend != "inductor":
-        raise ConfigError("compile_backend is set but compile=off; set compile=default to use the backend")
-    if cfg.activation_checkpointing == "off" and cfg.checkpoint_target != "auto":
-        raise ConfigError(
-            "checkpoint_target is set but activation_checkpointing=off; set activation_checkpointing=full or selective"
-        )
-    if cfg.cuda_graphs and cfg.compile in COMPILE_MODES_WITH_CUDA_GRAPHS:
-        raise ConfigError(
-            f"compile={cfg.compile} already captures CUDA graphs; "
-            "set cuda_graphs=false, or use compile=default / max-autotune-no-cudagraphs with cuda_graphs=true"
-        )
-    if cfg.cuda_graphs and cfg.amp == "fp16":
-        raise ConfigError(
-            "cuda_graphs cannot capture fp16's GradScaler (its inf check synchronizes with the host); "
-            "use amp=bf16, which needs no scaler"
-        )
-    if cfg.cuda_graphs and cfg.activation_checkpointing != "off":
-        raise ConfigError(
-            "cuda_graphs cannot capture activation checkpointing (recomputation reads the CUDA RNG state, "
-            "which capture forbids); turn one of them off"
-        )
-    if cfg.num_workers == 0 and cfg.prefetch_factor is not None:
-        raise ConfigError("prefetch_factor needs num_workers > 0; set num_workers=2 (or more) or drop prefetch_factor")
-    if cfg.num_workers == 0 and cfg.persistent_workers:
-        raise ConfigError("persistent_workers needs num_workers > 0; set num_workers=2 (or more)")
-    _check_distributed(cfg)
-    _check_levers(cfg)
-
-
-#: Fields that only mean something under one strategy, with their defaults.
-_DDP_FIELDS: dict[str, Any] = {
-    "ddp_bucket_cap_mb": None,
-    "ddp_gradient_as_bucket_view": False,
-    "ddp_static_graph": False,
-    "comm_hook": "none",
-}
-_FSDP_FIELDS: dict[str, Any] = {"fsdp_reshard_after_forward": True, "fsdp_param_dtype": "fp32"}
-
-
-def _check_distributed(cfg: TrainConfig) -> None:
-    """Distributed fields: each belongs to a strategy, and a world needs a way to meet."""
-    if not isinstance(cfg.rdzv_endpoint, str):
-        raise ConfigError(f"rdzv_endpoint must be a 'HOST:PORT' string, got {cfg.rdzv_endpoint!r}")
-    if cfg.strategy == "none":
-        for name, default in {"nproc_per_node": 1, "nnodes": 1, "rdzv_endpoint": ""}.items():
-            if getattr(cfg, name) != default:
-                raise ConfigError(
-                    f"{name}={getattr(cfg, name)} needs a distributed strategy; set strategy=ddp (or fsdp2)"
-                )
-    for fields, owner in ((_DDP_FIELDS, "ddp"), (_FSDP_FIELDS, "fsdp2")):
-        for name, default in fields.items():
-            if getattr(cfg, name) != default and cfg.strategy != owner:
-                raise ConfigError(
-                    f"{name}={getattr(cfg, name)} applies to strategy={owner} only (this config has "
-                    f"strategy={cfg.strategy}); set strategy={owner} or drop {name}"
-                )
-    if cfg.rdzv_endpoint:
-        host, _, port = cfg.rdzv_endpoint.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(
-                f"rdzv_endpoint={cfg.rdzv_endpoint!r} is not HOST:PORT; give the first node's address, "
-                "e.g. rdzv_endpoint=node0.cluster:29500"
-            )
-    if cfg.nnodes > 1 and not cfg.rdzv_endpoint:
-        raise ConfigError(
-            f"nnodes={cfg.nnodes} needs rdzv_endpoint=HOST:PORT: the first node's address, where "
-            "torchrun's c10d rendezvous meets (e.g. rdzv_endpoint=node0:29500)"
-        )
-    if cfg.strategy == "none":
-        return
-    if cfg.cuda_graphs:
-        raise ConfigError(
-            f"cuda_graphs with strategy={cfg.strategy} is not supported (collectives inside a captured "
-            "graph need NCCL graph-safe setup the workbench does not do); turn one of them off"
-        )
-    if cfg.grad_accumulation > 1:
-        raise ConfigError(
-            f"grad_accumulation > 1 with strategy={cfg.strategy} is not supported yet (every micro-batch "
-            "would synchronize gradients); raise batch_size instead, it is the global batch"
-        )
-    if cfg.fsdp_param_dtype == "bf16" and cfg.amp == "fp16":
-        raise ConfigError(
-            "fsdp_param_dtype=bf16 with amp=fp16 computes in two half dtypes at once; use amp=bf16 (or fp32)"
-        )
-
-
-# --- the compiler-level levers (memory budget, ...) ---------------------------------------
-
-#: Compile backends that never consult the activation memory budget: 'eager' runs no AOTAutograd,
-#: 'aot_eager_default_partitioner' partitions with the default (save-everything) partitioner, not the
-#: min-cut one that inductor and aot_eager use (torch 2.13's torch/_dynamo/backends/debugging.py).
-BACKENDS_WITHOUT_MEMORY_BUDGET = ("eager", "aot_eager_default_partitioner")
-
-
-def _check_budget_value(budget: Any) -> None:
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0.0 <= budget <= 1.0:
-        raise ConfigError(
-            f"activation_memory_budget must be a number from 0 to 1 (1.0 = off), got {budget!r}; "
-            "e.g. activation_memory_budget=0.5 keeps half of the compiled graph's saved activations"
-        )
-
-
-def _check_levers(cfg: TrainConfig) -> None:
-    """Levers that act through the compiler need it on, with a backend that honours them."""
-    if cfg.activation_memory_budget < 1.0:
-        if cfg.compile == "off":
-            raise ConfigError(
-                f"activation_memory_budget={cfg.activation_memory_budget} acts through torch.compile's partitioner, "
-                "but compile=off; set compile=default, or activation_checkpointing=full/selective for eager"
-            )
-        if cfg.compile_backend in BACKENDS_WITHOUT_MEMORY_BUDGET:
-            raise ConfigError(
-                f"compile_backend={cfg.compile_backend} ignores activation_memory_budget (no min-cut partitioner); "
-                "use compile_backend=inductor (or aot_eager to check plumbing cheaply)"
-            )
-    if cfg.activation_offload != "off" and cfg.cuda_graphs:
-        raise ConfigError(
-            "activation_offload copies saved activations into host memory allocated each step, which a CUDA "
-            "graph cannot capture; turn one of them off"
-        )
-    if cfg.float8 != "off" and cfg.compile == "off":
-        raise ConfigError(
-            f"float8={cfg.float8} needs compile on: torch.compile fuses float8's scaling and casting kernels, "
-            "without it they cost more than the float8 GEMMs save; set compile=default"
-        )
-    if cfg.attention_backend == "flex" and cfg.compile == "off":
-        raise ConfigError(
-            "attention_backend=flex needs compile on: without torch.compile FlexAttention runs an unfused "
-            "reference that materializes the whole score matrix; set compile=default"
-        )
-    if cfg.compiled_autograd and cfg.compile == "off":
-        raise ConfigError(
-            "compiled_autograd compiles the backward of a compiled step, but compile=off; set compile=default"
-        )
-    if cfg.compiled_autograd and cfg.strategy == "ddp":
-        raise ConfigError(
-            "compiled_autograd with strategy=ddp needs DDP's Python reducer (torch._dynamo.config.optimize_ddp="
-            "'python_reducer'), which the workbench does not set up; use strategy=fsdp2 or compiled_autograd=false"
-        )
 
 
 def _copy(value: Any) -> Any:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.config import TrainConfig
-from workbench.optimizations import TrainStep, build
+from workbench.levers import TrainStep, build
 from workbench.workloads.base import Workload
 
 pytestmark = [
@@ -95,7 +95,7 @@ def _torchao_trains_in_float8_here(recipe: str) -> tuple[bool, str]:
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 def test_float8_capability_matches_whether_torchao_can_train_here(recipe: str) -> None:
     """The truth is a float8 step run with torchao directly: claimed available means it runs."""
-    from workbench.device import capabilities
+    from workbench.levers import capabilities
 
     runs, how = _torchao_trains_in_float8_here(recipe)
     claimed = capabilities("cuda")["float8"][recipe]
@@ -148,7 +148,7 @@ def test_offloaded_forward_and_backward_never_make_the_host_wait() -> None:
     """The copies to pinned host memory and back are non-blocking: under CUDA's sync debug mode
     "error" any synchronizing call (a blocking copy, a stream sync) raises. Gradients are checked
     against the same model without offload."""
-    from workbench.optimizations.offload import apply_activation_offload
+    from workbench.levers.offload import apply_activation_offload
 
     torch.manual_seed(0)
     model, reference = Blocks().cuda(), Blocks().cuda()
@@ -170,7 +170,7 @@ def test_offloaded_forward_and_backward_never_make_the_host_wait() -> None:
 
 def test_flex_attention_trains_like_sdpa_on_the_vlm() -> None:
     """FlexAttention, compiled, in the VLM's causal text and bidirectional vision blocks: same losses."""
-    from workbench.device import capabilities
+    from workbench.levers import capabilities
     from workbench.workloads import load_workload
 
     assert capabilities("cuda")["attention_backend"]["flex"].available

@@ -138,8 +138,8 @@ class CopiesAConstantIn(nn.Module):
 
 
 def test_sync_scan_names_a_blocking_host_to_device_copy_and_not_the_batch_copy() -> None:
+    from workbench.levers import build
     from workbench.measure.syncscan import scan_syncs
-    from workbench.optimizations import build
 
     workload = Workload.from_callables(
         model_fn=CopiesAConstantIn,

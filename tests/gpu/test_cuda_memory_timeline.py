@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from workbench.config import TrainConfig
+from workbench.levers import build
 from workbench.measure.memory_timeline import record_memory_timeline
 from workbench.measure.profile import ProfileOptions
-from workbench.optimizations import build
 from workbench.trials import run_trial
 from workbench.workloads import Workload
 

@@ -1,4 +1,4 @@
-"""CUDA tests of `workbench.optimizations`: CUDA-graph capture and replay, fp16 GradScaler, SDPA
+"""CUDA tests of `workbench.levers`: CUDA-graph capture and replay, fp16 GradScaler, SDPA
 kernels, TF32 scoping. They skip themselves without a GPU and run on a lent GPU machine
 (`scripts/gpu-check`); no mock stands in for the device."""
 
@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from workbench.config import ConfigError, TrainConfig
-from workbench.optimizations import TrainStep, build
+from workbench.levers import TrainStep, build
 from workbench.workloads.base import Workload
 
 pytestmark = [

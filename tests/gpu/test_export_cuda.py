@@ -99,7 +99,7 @@ def test_fp16_snippet_trains_through_the_grad_scaler(tmp_path: Path) -> None:
 
 
 def test_default_snippet_runs_the_optimizer_a_default_trial_measured(tmp_path: Path) -> None:
-    from workbench.optimizations import build
+    from workbench.levers import build
     from workbench.workloads import Workload
 
     workload = Workload.from_callables(TinyNet, lambda out, batch: out.sum(), batch_fn=lambda n, g: (

@@ -307,7 +307,7 @@ def _memory(ctx: recommend.Context, result: TrialResult) -> Finding | None:
 def _oversubscribed(ctx: recommend.Context, result: TrialResult) -> Finding | None:
     """More runnable threads than cores: every operator's threads wait for the slowest one, and
     step times swing with whatever else runs (57 ms to 2.4 s for one ViT step seen on 2 cores)."""
-    from workbench.optimizations.threads import resolved_intra_op_threads
+    from workbench.levers.threads import resolved_intra_op_threads
 
     threads = resolved_intra_op_threads(result.applied)
     if threads is None:

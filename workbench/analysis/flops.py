@@ -110,7 +110,7 @@ def step_flops(
 def _real_step_flops(
     workload: Workload | str, config: TrainConfig, batch_size: int | None, preset: str
 ) -> tuple[int, FlopCount]:
-    from workbench.optimizations.build import build
+    from workbench.levers.build import build
     from workbench.workloads import load_workload
 
     wl = load_workload(workload, preset=preset, **config.extra) if isinstance(workload, str) else workload

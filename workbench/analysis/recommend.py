@@ -39,7 +39,7 @@ class Recommendation:
             changes["extra"] = {**config.extra, **changes["extra"]}
         candidate = config.replace(**changes)
         if device is not None:
-            from workbench.device import check_config
+            from workbench.levers import check_config
 
             check_config(candidate, device)
         return candidate

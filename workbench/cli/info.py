@@ -72,7 +72,7 @@ def _cmd_workloads(args: argparse.Namespace) -> int:
 
 
 def _cmd_capabilities(args: argparse.Namespace) -> int:
-    from workbench.device import capabilities_report
+    from workbench.levers import capabilities_report
 
     report = capabilities_report(args.device)
     if args.json:

@@ -125,7 +125,8 @@ def config_from(overrides: Sequence[str], base: TrainConfig | None = None) -> Tr
 
 def check_on_device(configs: Sequence[TrainConfig], device: str | None, labels: Sequence[str]) -> None:
     """Refuse any configuration this device cannot run before the first trial measures (and stores) anything."""
-    from workbench.device import check_config, resolve_device
+    from workbench.device import resolve_device
+    from workbench.levers import check_config
 
     dev = resolve_device(device)
     for config, label in zip(configs, labels):

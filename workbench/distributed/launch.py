@@ -71,7 +71,8 @@ def run_distributed_trial(
     request: TrialRequest, on_event: EventSink | None = None, cancel: threading.Event | None = None
 ) -> TrialResult:
     """Run `request.config` (strategy ddp/fsdp2) as `config.nproc_per_node` ranks on this node."""
-    from workbench.device import check_config, device_info, resolve_device
+    from workbench.device import device_info, resolve_device
+    from workbench.levers import check_config
 
     config = request.config
     if request.isolation != "process":

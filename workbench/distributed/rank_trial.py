@@ -25,11 +25,11 @@ from workbench.config import TrainConfig
 from workbench.distributed.overlap import comm_profile, intervals_from_events
 from workbench.distributed.sharding import shard_workload
 from workbench.distributed.stats import summarize_ranks
+from workbench.levers.build import TrainStep, build
 from workbench.measure.events import EventSink, TrialFinished, TrialStarted
 from workbench.measure.result import TrialResult
 from workbench.measure.timing import synchronize
 from workbench.measure.window import LossLog, run_window
-from workbench.optimizations.build import TrainStep, build
 from workbench.workloads import Workload, load_workload
 
 PROFILE_STEPS = 3
@@ -72,8 +72,9 @@ def run_rank_trial(
     progress: Progress,
 ) -> TrialResult:
     """Run this rank's part; rank 0's result (with every rank's data) is the trial's result."""
-    from workbench.device import capabilities_report, device_info
+    from workbench.device import device_info
     from workbench.fingerprint import environment_fingerprint
+    from workbench.levers import capabilities_report
 
     wl = load_workload(workload, preset=preset, **config.extra) if isinstance(workload, str) else workload
     local_wl, local_config = shard_workload(wl, config, ctx.rank, ctx.world_size)

@@ -136,8 +136,8 @@ def _real_step_estimate(
     the same tracker (CUDA rounding applied per storage), after one untracked step for optimizer state."""
     import torch
 
+    from workbench.levers.build import build
     from workbench.measure.memory import track_step_memory
-    from workbench.optimizations.build import build
 
     cuda = is_cuda_device_name(device_name)
     wl = load_workload(workload, preset=preset, **config.extra) if isinstance(workload, str) else workload

@@ -22,7 +22,7 @@ from workbench.estimate.results import BatchSizeSearch, MemoryEstimate, default_
 from workbench.workloads import Workload, load_workload
 
 if TYPE_CHECKING:
-    from workbench.optimizations.build import TrainStep
+    from workbench.levers.build import TrainStep
 
 
 class FakeStep:
@@ -132,8 +132,8 @@ def fake_train_step(
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from workbench.device import capabilities
-    from workbench.optimizations.build import build
+    from workbench.levers import capabilities
+    from workbench.levers.build import build
 
     wl = load_workload(workload, preset=preset, **config.extra) if isinstance(workload, str) else workload
     cpu_config, notes = cpu_equivalent(config, cuda=cuda)
@@ -158,7 +158,7 @@ def cpu_equivalent(config: TrainConfig, *, cuda: bool = False) -> tuple[TrainCon
     changes: dict[str, Any] = {}
     notes: list[str] = []
     if config.optimizer_impl == "default" and cuda:
-        from workbench.optimizations.optimizer import default_impl_on
+        from workbench.levers.optimizer import default_impl_on
 
         changes["optimizer_impl"] = default_impl_on("cuda")
     if not config.cudnn_tf32:

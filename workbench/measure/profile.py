@@ -33,7 +33,7 @@ from workbench.measure.timing import synchronize
 
 if TYPE_CHECKING:
     from workbench.config import TrainConfig
-    from workbench.optimizations.build import TrainStep
+    from workbench.levers.build import TrainStep
 
 #: Kernels/ops whose time is arithmetic (tensor cores, GEMM/conv units): the rest is memory-bound.
 _COMPUTE_HEAVY = re.compile(r"mm|conv|gemm|cutlass|xmma|wgmma|flash|fmha|attention|cudnn|_scaled_dot_product", re.I)

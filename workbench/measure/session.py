@@ -202,10 +202,11 @@ def _serve(
 
 
 def _build_all(workload: Workload | str, configs: list[TrainConfig], options: dict[str, Any]) -> list[Any]:
-    from workbench.device import check_config, resolve_device
+    from workbench.device import resolve_device
+    from workbench.levers import check_config
+    from workbench.levers.build import build
     from workbench.measure.timing import synchronize
     from workbench.measure.window import one_step
-    from workbench.optimizations.build import build
     from workbench.workloads import load_workload
 
     dev = resolve_device(options["device"])

@@ -28,7 +28,7 @@ from workbench.measure.window import LossLog, one_step, run_window
 from workbench.workloads import WorkloadError, load_workload
 
 if TYPE_CHECKING:
-    from workbench.optimizations.build import TrainStep
+    from workbench.levers.build import TrainStep
 
 
 class TrialCancelled(Exception):
@@ -41,9 +41,10 @@ def run_trial_inline(
     """The trial itself, in this process (the worker process calls this too)."""
     import torch
 
-    from workbench.device import capabilities_report, check_config, device_info, resolve_device
+    from workbench.device import device_info, resolve_device
     from workbench.fingerprint import environment_fingerprint
-    from workbench.optimizations.build import build
+    from workbench.levers import capabilities_report, check_config
+    from workbench.levers.build import build
 
     config = request.config
     workload = request.workload

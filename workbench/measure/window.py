@@ -26,7 +26,7 @@ from workbench.measure.timing import make_clock, synchronize
 from workbench.measure.utilization import WindowProbe
 
 if TYPE_CHECKING:
-    from workbench.optimizations.build import TrainStep
+    from workbench.levers.build import TrainStep
 
 Phase = Callable[[int, str], None]
 """`on_phase(step, label)`: called at each phase boundary of a step (a rank's progress report)."""

@@ -33,7 +33,8 @@ def run_in_worker(
     request: TrialRequest, on_event: EventSink | None = None, cancel: threading.Event | None = None
 ) -> TrialResult:
     """A trial in a fresh worker process: the parent side."""
-    from workbench.device import check_config, device_info, resolve_device
+    from workbench.device import device_info, resolve_device
+    from workbench.levers import check_config
     from workbench.measure.child import ChildProcess
     from workbench.measure.compile_cache import fresh_cache_environment
 

@@ -142,7 +142,7 @@ class Screening:
         params = {**{n: v[0] for n, v in self.space.values.items()}, **trial.params}
         try:
             config = self.space.config(self.baseline, params)
-            from workbench.device import check_config
+            from workbench.levers import check_config
 
             check_config(config, self.device)
         except ConfigError as exc:

@@ -128,45 +128,43 @@ class SearchSpace:
 def default_space(
     workload_batch: int, device: Any = None, *, global_batch: int | None = None, cpu_cores: int | None = None
 ) -> SearchSpace:
-    """Every searchable lever at the values this device can run.
-
-    Kept to what pays on one node: compile 'off'/'default' (the other modes compile for
-    minutes; widen to them explicitly), batch sizes around the workload's default, loader
-    workers up to the cores there are."""
-    from workbench.device import capabilities, device_info
+    """Every searchable lever at the values this device can run: each lever says which
+    (`Lever.space`), kept to what pays on one node."""
+    from workbench.device import device_info
+    from workbench.levers import capabilities, registry
+    from workbench.levers.base import SpaceContext
+    from workbench.levers.compile import searched_compile_modes
 
     caps = capabilities(device)
     cores = cpu_cores or device_info(device).cpu_cores
+    context = SpaceContext(caps, workload_batch, cores, global_batch, searched_compile_modes(caps))
     values: dict[str, tuple[Any, ...]] = {}
-    for name in ("amp", "optimizer_impl", "matmul_precision", "attention_backend", "cuda_graphs", "pin_memory"):
-        values[name] = tuple(v for v, a in caps[name].items() if a.available)
-    values["channels_last"] = (False, True)
-    values["compile"] = tuple(v for v in ("off", "default") if caps["compile"][v].available)
-    values["activation_checkpointing"] = ("off", "full", "selective")
-    values["activation_offload"] = _offload_values(caps)
-    values["num_workers"] = (0, *(n for n in (2, 4, 8) if n <= cores))
-    sizes = sorted({max(1, workload_batch // 2), workload_batch, workload_batch * 2})
-    if global_batch is not None:
-        sizes = [s for s in _divisors(global_batch) if workload_batch // 4 <= s <= global_batch] or [global_batch]
-    values["batch_size"] = tuple(sizes)
-    values.update(_lever_values(caps, values["compile"]))
-    return SearchSpace(values, global_batch)
+    for lever in registry.LEVERS:
+        if lever.space is not None:
+            values.update(lever.space(context))
+    ordered = {name: values[name] for name in _SAMPLER_ORDER if name in values}
+    return SearchSpace({**ordered, **values}, global_batch)
 
 
-def _lever_values(caps: Mapping[str, Mapping[Any, Any]], compile_modes: tuple[Any, ...]) -> dict[str, tuple[Any, ...]]:
-    """The compiler-level levers, where compile is searched: off (the first, the baseline's) and one
-    step each; their combinations with compile=off are refused by validation and never run."""
-    if compile_modes == ("off",):
-        return {}
-    budgets = tuple(b for b in (1.0, 0.5) if caps["activation_memory_budget"][b].available)
-    compiled_autograd = tuple(v for v in (False, True) if caps["compiled_autograd"][v].available)
-    float8 = tuple(v for v, a in caps["float8"].items() if a.available)
-    return {"activation_memory_budget": budgets, "compiled_autograd": compiled_autograd, "float8": float8}
-
-
-def _offload_values(caps: Mapping[str, Mapping[Any, Any]]) -> tuple[Any, ...]:
-    """Offload of the workload's block ('auto') where this device can offload at all."""
-    return tuple(v for v, a in caps["activation_offload"].items() if a.available)
+#: The order the sampler has always been given the default space's fields in: Optuna's seeded
+#: samplers draw per field in this order, so keeping it keeps a seeded search's trials as they were.
+_SAMPLER_ORDER = (
+    "amp",
+    "optimizer_impl",
+    "matmul_precision",
+    "attention_backend",
+    "cuda_graphs",
+    "pin_memory",
+    "channels_last",
+    "compile",
+    "activation_checkpointing",
+    "activation_offload",
+    "num_workers",
+    "batch_size",
+    "activation_memory_budget",
+    "compiled_autograd",
+    "float8",
+)
 
 
 def user_space(
@@ -211,7 +209,7 @@ def check_space(space: SearchSpace, baseline: TrainConfig, device: Any = None) -
 
     Nothing to search: no field with two values, or no combination that validation and this
     device accept (a contradictory space) — the message quotes the first refusal."""
-    from workbench.device import check_config
+    from workbench.levers import check_config
 
     if not space.searched:
         raise ConfigError(
@@ -239,7 +237,7 @@ def check_space(space: SearchSpace, baseline: TrainConfig, device: Any = None) -
 
 
 def _checked_values(mapping: Mapping[str, Any], device: Any, workload_batch: int | None) -> dict[str, tuple[Any, ...]]:
-    from workbench.device import capabilities
+    from workbench.levers import capabilities
 
     caps = capabilities(device)
     out: dict[str, tuple[Any, ...]] = {}
@@ -281,10 +279,6 @@ def _typed(name: str, value: Any) -> Any:
     if choices is not None and value not in choices:
         raise ConfigError(f"{name}={value!r} is not valid; choose from: {', '.join(map(str, choices))}")
     return value
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def _sampled_points(space: SearchSpace, count: int) -> Iterator[dict[str, Any]]:

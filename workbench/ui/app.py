@@ -20,7 +20,8 @@ import ipywidgets as widgets
 from workbench.analysis.compare import Comparison
 from workbench.api import ComparisonRun, Protocol
 from workbench.config import ConfigError, TrainConfig
-from workbench.device import capabilities, check_config, device_info, resolve_device
+from workbench.device import device_info, resolve_device
+from workbench.levers import capabilities, check_config
 from workbench.measure import RoundMeasured, StepMeasured, TrialRequest, TrialResult, TrialStarted
 from workbench.measure.monitor import DeviceMonitor
 from workbench.ui.bokeh_view import load_bokehjs

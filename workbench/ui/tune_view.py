@@ -72,7 +72,7 @@ class TuneView(BokehView):
     def refresh_space(self) -> None:
         """One multi-select per searchable field: the default space's values chosen, every other value
         this device runs offered too (widening: compile max-autotune, ...)."""
-        from workbench.device import capabilities
+        from workbench.levers import capabilities
         from workbench.tune import default_space
         from workbench.workloads import load_workload
 

@@ -28,8 +28,11 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from workbench.config import ConfigError
-from workbench.optimizations.record import Applied, name_list
+from workbench.config import ConfigError, TrainConfig
+from workbench.levers.base import Lever, Space, SpaceContext, always
+from workbench.levers.fragment import Snippet, q
+from workbench.levers.record import Applied, name_list
+from workbench.workloads.base import Workload
 
 _MARK = "_workbench_checkpoint"
 """Attribute set on a wrapped module (value: the policy), so wrapping is never applied twice."""
@@ -153,3 +156,116 @@ def apply_activation_checkpointing(
         f"{name_list([n or '<root>' for n in names])}"
     )
     return Applied("activation_checkpointing", policy, detail)
+
+
+def _snippet(config: TrainConfig, snippet: Snippet) -> None:
+    if config.activation_checkpointing == "off":
+        return
+    auto_target = config.checkpoint_target == "auto"
+    if not auto_target:
+        snippet.constants += [
+            "# Modules to checkpoint: a class name, or an fnmatch glob over qualified names.",
+            f"CHECKPOINT_TARGET = {q(config.checkpoint_target)}",
+        ]
+    else:
+        snippet.model_params.append("checkpoint_target: str")
+        snippet.model_doc += [
+            "    checkpoint_target: the module class name (or fnmatch glob over qualified names)",
+            "    to checkpoint. The workbench ran with checkpoint_target='auto', which meant its",
+            "    workload's repeated block: name the repeated block of YOUR model here.",
+            "",
+        ]
+    _checkpoint_helpers(snippet, config.activation_checkpointing)
+    target = "checkpoint_target" if auto_target else "CHECKPOINT_TARGET"
+    snippet.model_steps += [
+        "    # Before compile, so torch.compile traces the checkpointed regions.",
+        f"    checkpoint_modules(model, {target})",
+    ]
+
+
+def _checkpoint_helpers(snippet: Snippet, policy: str) -> None:
+    """`checkpoint_modules` and the patched forward: this module's wrapping, in plain PyTorch."""
+    snippet.imports |= {"import fnmatch", "import functools", "from typing import Any"}
+    snippet.helpers.append(
+        "def checkpoint_modules(model: nn.Module, target: str) -> list[str]:\n"
+        '    """Recompute in backward the activations of every module matching `target`.\n'
+        "\n"
+        "    `target` is a module class name or an fnmatch glob over qualified module names.\n"
+        "    Each outermost match's forward is patched in place, so the module keeps its type,\n"
+        "    name and state_dict keys. Returns the qualified names of the wrapped modules.\n"
+        '    """\n'
+        "    wrapped: list[str] = []\n"
+        "    for name, module in model.named_modules():\n"
+        "        # Inside a wrapped module already: wrapping it too would recompute twice.\n"
+        '        if any(w == "" or name == w or name.startswith(w + ".") for w in wrapped):\n'
+        "            continue\n"
+        "        by_class = type(module).__name__ == target\n"
+        '        by_name = name != "" and fnmatch.fnmatchcase(name, target)\n'
+        "        if by_class or by_name:\n"
+        "            module.forward = functools.partial(_checkpointed, module.forward)\n"
+        "            wrapped.append(name)\n"
+        "    if not wrapped:\n"
+        '        raise ValueError(f"checkpoint target {target!r} matches no module of the model")\n'
+        "    return wrapped"
+    )
+    if policy == "full":
+        snippet.imports.add("from torch.utils.checkpoint import checkpoint")
+        snippet.helpers.append(
+            "def _checkpointed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:\n"
+            "    # Full checkpointing keeps only the module's inputs. Non-reentrant is the mode\n"
+            "    # PyTorch recommends: it supports keyword arguments and torch.compile.\n"
+            "    return checkpoint(forward, *args, use_reentrant=False, **kwargs)"
+        )
+        return
+    snippet.imports.add(
+        "from torch.utils.checkpoint import (\n"
+        "    CheckpointPolicy,\n"
+        "    checkpoint,\n"
+        "    create_selective_checkpoint_contexts,\n"
+        ")"
+    )
+    names = "".join(f"        {q(name)},\n" for name in SAVED_OP_NAMES)
+    snippet.constants += [
+        "",
+        "# Selective checkpointing saves the outputs of these compute-heavy ops and recomputes",
+        "# only the cheap (memory-bound) ones in backward. Attention kernels vary by build.",
+        "SAVED_OPS = frozenset(\n"
+        "    getattr(torch.ops.aten, name).default\n"
+        f"    for name in (\n{names}    )\n"
+        "    if hasattr(torch.ops.aten, name)\n"
+        ")",
+    ]
+    snippet.helpers += [
+        "def _save_heavy_ops(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:\n"
+        "    if op in SAVED_OPS:\n"
+        "        return CheckpointPolicy.MUST_SAVE\n"
+        "    return CheckpointPolicy.PREFER_RECOMPUTE",
+        "def _checkpointed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:\n"
+        "    # Non-reentrant, as PyTorch recommends; context_fn applies the selective policy.\n"
+        "    policy = functools.partial(create_selective_checkpoint_contexts, _save_heavy_ops)\n"
+        "    return checkpoint(forward, *args, use_reentrant=False, context_fn=policy, **kwargs)",
+    ]
+
+
+def _space(ctx: SpaceContext) -> Space:
+    return {"activation_checkpointing": ("off", "full", "selective")}
+
+
+def _apply_model(model: nn.Module, config: TrainConfig, workload: Workload) -> Applied | None:
+    if config.activation_checkpointing == "off":
+        return None
+    return apply_activation_checkpointing(
+        model, config.activation_checkpointing, config.checkpoint_target, workload.checkpoint_target, workload.name
+    )
+
+
+LEVER = Lever(
+    name="activation_checkpointing",
+    fields=("activation_checkpointing", "checkpoint_target"),
+    summary="recompute the target blocks' activations in backward: less memory for about one more forward",
+    availability=always("activation_checkpointing"),
+    open_fields=("checkpoint_target",),
+    snippet=_snippet,
+    space=_space,
+    apply_model=_apply_model,
+)

@@ -19,9 +19,13 @@ from typing import Any
 
 import torch
 
-from workbench.config import ConfigError
-from workbench.optimizations.amp import ContextFactory
-from workbench.optimizations.record import Applied
+from workbench.config import ConfigError, TrainConfig
+from workbench.device import Availability
+from workbench.levers.amp import ContextFactory
+from workbench.levers.base import Lever, Space, SpaceContext, Table
+from workbench.levers.compile import compile_availability
+from workbench.levers.fragment import Snippet, comment
+from workbench.levers.record import Applied
 
 CONFIG_NAME = "activation_memory_budget"
 
@@ -42,7 +46,7 @@ def functorch_config() -> Any:
     if not hasattr(config, CONFIG_NAME):
         raise MemoryBudgetUnavailable(
             f"torch {torch.__version__} has no torch._functorch.config.{CONFIG_NAME} (the private API moved); "
-            "set activation_memory_budget=1.0, and update workbench/optimizations/memory_budget.py"
+            "set activation_memory_budget=1.0, and update workbench/levers/memory_budget.py"
         )
     return config
 
@@ -67,3 +71,57 @@ def apply_activation_memory_budget(budget: float) -> tuple[ContextFactory | None
         f"{budget:.0%} of the default plan's saved activations and recomputes the cheapest rest in backward"
     )
     return context, Applied("activation_memory_budget", budget, detail)
+
+
+MEMORY_BUDGETS_SHOWN = (1.0, 0.75, 0.5, 0.25, 0.0)
+"""activation_memory_budget values `capabilities()` lists (any value from 0 to 1 is valid)."""
+
+
+def memory_budget_availability(budget: float, dev: torch.device) -> Availability:
+    if budget >= 1.0:
+        return Availability(True, "off: the compiler saves what is fastest to keep (PyTorch's default)")
+    compiled = compile_availability("default", dev)
+    if not compiled.available:
+        return Availability(False, f"acts through torch.compile, which cannot run here: {compiled.reason}")
+    try:
+        functorch_config()
+    except MemoryBudgetUnavailable as exc:
+        return Availability(False, str(exc))
+    return Availability(
+        True, f"needs compile on: keeps {budget:.0%} of the compiled graph's saved activations, recomputes the rest"
+    )
+
+
+def _availability(dev: torch.device) -> Table:
+    return {"activation_memory_budget": {b: memory_budget_availability(b, dev) for b in MEMORY_BUDGETS_SHOWN}}
+
+
+def _snippet(config: TrainConfig, snippet: Snippet) -> None:
+    """A compiler setting that must hold before the first compiled call."""
+    if config.activation_memory_budget >= 1.0:
+        return
+    snippet.imports.add("import torch._functorch.config")
+    why = (
+        f"Activation memory budget: torch.compile's partitioner keeps {config.activation_memory_budget:.0%} "
+        "of the activations its fastest plan would save and recomputes the cheapest rest in backward. "
+        "A private PyTorch setting: it is read when the first call compiles."
+    )
+    code = f"torch._functorch.config.activation_memory_budget = {config.activation_memory_budget!r}"
+    snippet.statements.append("\n".join([*comment(why, indent="# "), code]))
+
+
+def _space(ctx: SpaceContext) -> Space:
+    """Off (the baseline's) and one step, where compile is searched."""
+    if ctx.compile_modes == ("off",):
+        return {}
+    return {"activation_memory_budget": ctx.available("activation_memory_budget", (1.0, 0.5))}
+
+
+LEVER = Lever(
+    name="activation_memory_budget",
+    fields=("activation_memory_budget",),
+    summary="let compile's partitioner recompute the cheapest activations: a memory dial between full and none",
+    availability=_availability,
+    snippet=_snippet,
+    space=_space,
+)

@@ -17,8 +17,12 @@ from typing import Any
 import torch
 
 from workbench.config import ConfigError, TrainConfig
-from workbench.optimizations.amp import ContextFactory
-from workbench.optimizations.record import Applied
+from workbench.device import ALWAYS, Availability
+from workbench.levers.amp import ContextFactory
+from workbench.levers.base import Lever, Space, SpaceContext, Table
+from workbench.levers.compile import compile_availability
+from workbench.levers.fragment import Snippet, call, comment, q
+from workbench.levers.record import Applied
 
 
 class CompiledAutogradUnavailable(ConfigError):
@@ -37,7 +41,7 @@ def compiled_autograd_api() -> Any:
     if not callable(getattr(compiled_autograd, "_enable", None)):
         raise CompiledAutogradUnavailable(
             f"torch {torch.__version__} has no torch._dynamo.compiled_autograd._enable (the private API moved); "
-            "set compiled_autograd=false, and update workbench/optimizations/compiled_autograd.py"
+            "set compiled_autograd=false, and update workbench/levers/compiled_autograd.py"
         )
     return compiled_autograd
 
@@ -71,3 +75,52 @@ def apply_compiled_autograd(config: TrainConfig) -> tuple[ContextFactory | None,
         "each backward: the step's whole autograd graph is captured and compiled (recompiles when it changes)"
     )
     return context, Applied("compiled_autograd", True, detail)
+
+
+def compiled_autograd_availability(dev: torch.device) -> Availability:
+    compiled = compile_availability("default", dev)
+    if not compiled.available:
+        return Availability(
+            False, f"compiles the backward with torch.compile, which cannot run here: {compiled.reason}"
+        )
+    try:
+        compiled_autograd_api()
+    except CompiledAutogradUnavailable as exc:
+        return Availability(False, str(exc))
+    return Availability(True, "needs compile on; adds a backward compile (and recompiles when the graph changes)")
+
+
+def _availability(dev: torch.device) -> Table:
+    return {"compiled_autograd": {False: ALWAYS, True: compiled_autograd_availability(dev)}}
+
+
+def _snippet(config: TrainConfig, snippet: Snippet) -> None:
+    if not config.compiled_autograd:
+        return
+    snippet.imports.add("from torch._dynamo import compiled_autograd")
+    why = (
+        "Compiled autograd: train_step captures each backward's whole autograd graph and compiles it "
+        "with this compiler (the forward's backend). A private PyTorch API."
+    )
+    args = [f"backend={q(config.compile_backend)}"]
+    if config.compile_backend == "inductor" and config.compile != "default":
+        args.append(f"mode={q(config.compile)}")
+    if config.compile_fullgraph:
+        args.append("fullgraph=True")
+    code = "\n".join(call("BACKWARD_COMPILER = torch.compile", args, indent=0))
+    snippet.statements.append("\n".join([*comment(why, indent="# "), code]))
+    snippet.backward_contexts.append("compiled_autograd._enable(BACKWARD_COMPILER)")
+
+
+def _space(ctx: SpaceContext) -> Space:
+    return {} if ctx.compile_modes == ("off",) else {"compiled_autograd": ctx.available("compiled_autograd")}
+
+
+LEVER = Lever(
+    name="compiled_autograd",
+    fields=("compiled_autograd",),
+    summary="compile each step's whole backward graph too: may fuse more where graph breaks split it",
+    availability=_availability,
+    snippet=_snippet,
+    space=_space,
+)

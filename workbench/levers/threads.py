@@ -13,9 +13,12 @@ from contextlib import AbstractContextManager, contextmanager
 
 import torch
 
-from workbench.config import ConfigError
-from workbench.optimizations.amp import ContextFactory
-from workbench.optimizations.record import Applied
+from workbench.config import ConfigError, TrainConfig
+from workbench.device import ALWAYS, Availability, cpu_cores
+from workbench.levers.amp import ContextFactory
+from workbench.levers.base import Lever, Table
+from workbench.levers.fragment import Snippet, comment
+from workbench.levers.record import Applied
 
 
 @contextmanager
@@ -51,3 +54,38 @@ def resolved_intra_op_threads(applied: list[dict[str, object]] | None) -> int | 
         if record.get("toggle") == "intra_op_threads" and isinstance(record.get("value"), int):
             return int(record["value"])  # type: ignore[call-overload]
     return None
+
+
+def thread_counts(cores: int) -> dict[int | None, Availability]:
+    """Intra-op thread counts worth trying here (a search space for the tuner, choices for the app):
+    PyTorch's own pick, powers of two below the cores, and the cores. More is allowed, never useful."""
+    counts = sorted({*(2**k for k in range(cores.bit_length()) if 2**k < cores), cores})
+    table: dict[int | None, Availability] = {None: Availability(True, "PyTorch's default: the cores it sees")}
+    table.update(dict.fromkeys(counts, ALWAYS))
+    return table
+
+
+def _availability(dev: torch.device) -> Table:
+    return {"intra_op_threads": dict(thread_counts(cpu_cores()))}
+
+
+def _snippet(config: TrainConfig, snippet: Snippet) -> None:
+    if config.intra_op_threads is None:
+        return
+    why = (
+        "The measured intra-op CPU thread count: with more threads than free cores (other "
+        "processes, loader workers) every operator waits for the slowest thread."
+    )
+    code = f"torch.set_num_threads({config.intra_op_threads})"
+    snippet.statements.append("\n".join([*comment(why, indent="# "), code]))
+
+
+LEVER = Lever(
+    name="intra_op_threads",
+    fields=("intra_op_threads",),
+    summary="CPU threads per operator: fewer than the cores when other processes share them",
+    availability=_availability,
+    snippet=_snippet,
+    not_searched="not in the default space: the best count depends on what else shares the host; "
+    "name intra_op_threads in a space file to search it",
+)

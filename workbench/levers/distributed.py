@@ -9,14 +9,17 @@ the launcher (`workbench.distributed`); this module never creates one.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import torch
 from torch import nn
 
 from workbench.config import ConfigError, TrainConfig
-from workbench.optimizations.checkpointing import find_targets, resolve_target
-from workbench.optimizations.record import Applied, name_list
+from workbench.device import ALWAYS, Availability, bf16_availability, cpu_cores, cuda_capability, distributed_backend
+from workbench.levers.base import Lever, Table, always, probed
+from workbench.levers.checkpointing import find_targets, resolve_target
+from workbench.levers.record import Applied, name_list
 
 DEFAULT_BUCKET_CAP_MB = 25.0
 """DistributedDataParallel's own default bucket size, reported when the config leaves it unset."""
@@ -154,3 +157,104 @@ def _blocks(model: nn.Module, config: TrainConfig, block_target: str | None) -> 
         return []  # a model without a known block is sharded as one unit: correct, less overlap
     names = find_targets(model, resolve_target(target, block_target))
     return [n for n in names if n]  # the root is sharded last, separately
+
+
+WORLD_SIZES_SHOWN = (1, 2, 4, 8)
+"""nproc_per_node values `capabilities()` lists; `check_config` judges any value."""
+
+CPU_RANKS_MAX_FLOOR = 2
+"""Gloo ranks allowed on CPU even with fewer cores: the smallest world that exercises the real path."""
+
+
+def world_size_availability(nproc: int, dev: torch.device) -> Availability:
+    """Can this node run `nproc` ranks? One GPU per rank on CUDA; a small gloo world on CPU."""
+    if dev.type == "cuda":
+        count = torch.cuda.device_count()
+        if nproc > count:
+            return Availability(False, f"this machine has {count} CUDA device(s); each rank needs its own GPU")
+        return ALWAYS
+    cores = cpu_cores()
+    limit = max(CPU_RANKS_MAX_FLOOR, cores)
+    if nproc > limit:
+        return Availability(
+            False,
+            f"{nproc} gloo ranks on {cores} CPU core(s) would time-share cores; the step times would mean nothing",
+        )
+    return Availability(True, "gloo ranks on CPU cores, one thread each: shows the mechanics, not GPU speed")
+
+
+def strategy_availability(value: str, dev: torch.device) -> Availability:
+    if value == "none":
+        return ALWAYS
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return Availability(False, "this PyTorch build has no torch.distributed")
+    backend = distributed_backend(dev)
+    if not (dist.is_nccl_available() if backend == "nccl" else dist.is_gloo_available()):
+        return Availability(False, f"this PyTorch build has no {backend} backend")
+    if value == "fsdp2" and importlib.util.find_spec("torch.distributed.fsdp") is None:
+        return Availability(False, "FSDP2 (torch.distributed.fsdp.fully_shard) needs torch >= 2.6")
+    return ALWAYS
+
+
+def comm_hook_availability(value: str, dev: torch.device) -> Availability:
+    if value == "bf16" and distributed_backend(dev) != "nccl":
+        return Availability(
+            False,
+            "DDP's bf16_compress_hook requires CUDA 11+ and NCCL 2.10+; PyTorch refuses it on gloo: use comm_hook=fp16",
+        )
+    if value == "bf16":
+        version = tuple(torch.cuda.nccl.version()) if torch.distributed.is_nccl_available() else ()
+        if version < (2, 10):
+            return Availability(False, f"DDP's bf16_compress_hook needs NCCL 2.10+, this build has {version or 'none'}")
+    if value == "fp16" and dev.type == "cpu":
+        return Availability(True, "on CPU the casts cost about what the halved bytes save over local gloo")
+    return ALWAYS
+
+
+def fsdp_param_dtype_availability(value: str, dev: torch.device) -> Availability:
+    if value == "bf16" and dev.type == "cuda":
+        return bf16_availability(cuda_capability(dev))
+    return ALWAYS
+
+
+def _availability(dev: torch.device) -> Table:
+    table = probed(
+        strategy=strategy_availability, comm_hook=comm_hook_availability, fsdp_param_dtype=fsdp_param_dtype_availability
+    )(dev)
+    table.update(always("ddp_gradient_as_bucket_view", "ddp_static_graph", "fsdp_reshard_after_forward")(dev))
+    # World sizes are integers, not choices: list the usual ones for a control to offer.
+    table["nproc_per_node"] = {n: world_size_availability(n, dev) for n in WORLD_SIZES_SHOWN}
+    return table
+
+
+def _check(config: TrainConfig, dev: torch.device) -> None:
+    if config.strategy != "none":
+        world = world_size_availability(config.nproc_per_node, dev)
+        if not world.available:
+            raise ConfigError(f"nproc_per_node={config.nproc_per_node} is not available on {dev}: {world.reason}")
+
+
+LEVER = Lever(
+    name="data_parallel",
+    fields=(
+        "strategy",
+        "nproc_per_node",
+        "rdzv_endpoint",
+        "nnodes",
+        "ddp_bucket_cap_mb",
+        "ddp_gradient_as_bucket_view",
+        "ddp_static_graph",
+        "comm_hook",
+        "fsdp_reshard_after_forward",
+        "fsdp_param_dtype",
+    ),
+    summary="DDP or FSDP2 over several processes (torchrun): more samples per second, or a model too big for one",
+    availability=_availability,
+    open_fields=("rdzv_endpoint", "nnodes", "ddp_bucket_cap_mb"),
+    check=_check,
+    not_exported="the snippet is one process's step; a distributed run is exported as its torchrun command "
+    "(`workbench export --format command`), which runs the workbench's own rank entry point",
+    not_searched="distributed tuning is not supported yet; tune one process, then scale out",
+)

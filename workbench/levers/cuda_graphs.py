@@ -21,9 +21,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.config import ConfigError
-from workbench.optimizations.checkpointing import checkpointed_modules
-from workbench.optimizations.record import Applied
+from workbench.config import ConfigError, TrainConfig
+from workbench.device import ALWAYS, Availability, no_cuda_reason
+from workbench.levers.base import Lever, Space, SpaceContext, probed
+from workbench.levers.checkpointing import checkpointed_modules
+from workbench.levers.fragment import Snippet
+from workbench.levers.record import Applied
 from workbench.workloads.base import map_tensors
 
 WARMUP_ITERS = 3
@@ -167,3 +170,108 @@ def apply_cuda_graphs(
         "iterations (undone), replayed after copying each batch into static inputs; batch shapes are fixed"
     )
     return CudaGraphStep(step_fn, model, optimizer, device), Applied("cuda_graphs", True, detail)
+
+
+def cuda_graphs_availability(value: bool, dev: torch.device) -> Availability:
+    if not value or dev.type == "cuda":
+        return ALWAYS
+    return Availability(False, f"CUDA graphs need a CUDA device; this trial runs on {dev.type} ({no_cuda_reason()})")
+
+
+def graphed_step_source(config: TrainConfig) -> str:
+    """`make_graphed_step`: PyTorch's whole-network CUDA-graph capture of `train_step`."""
+    warm_up = [
+        "    with torch.cuda.stream(side_stream):",
+        f"        for _ in range({WARMUP_ITERS}):",
+        "            train_step(model, optimizer, static_batches, loss_fn, forward_fn)",
+    ]
+    if config.optimizer == "adamw":
+        warm_up = [
+            "    with torch.cuda.stream(side_stream), warnings.catch_warnings():",
+            "        # capturable=True optimizers warn when stepped outside a graph; intended here.",
+            '        warnings.filterwarnings("ignore", message=".*capturable=True.*")',
+            *warm_up[1:],
+        ]
+    lines = [
+        "def make_graphed_step(",
+        "    model: nn.Module,",
+        "    optimizer: torch.optim.Optimizer,",
+        "    example_batches: Sequence[Batch],",
+        "    loss_fn: LossFn = output_loss,",
+        "    forward_fn: ForwardFn = forward,",
+        ") -> Callable[[Sequence[Batch]], torch.Tensor]:",
+        '    """Capture train_step once as a CUDA graph; the returned step(batches) replays it.',
+        "",
+        "    PyTorch's whole-network capture: static inputs, warm-up on a side stream, capture",
+        "    of forward, backward and optimizer step, then per step a copy of the new batches",
+        "    into the static inputs and one replay. Later batches need the example batches'",
+        "    shapes, and the step must not synchronize with the host (.item(), print).",
+        '    """',
+        "    static_batches = [to_device(batch, copy=True) for batch in example_batches]",
+        "    # Lazy initialisation (optimizer state, cuBLAS handles, compilation) cannot be",
+        "    # captured: run a few steps first. As in PyTorch's recipe, they really train.",
+        "    side_stream = torch.cuda.Stream(DEVICE)",
+        "    side_stream.wait_stream(torch.cuda.current_stream(DEVICE))",
+        *warm_up,
+        "    torch.cuda.current_stream(DEVICE).wait_stream(side_stream)",
+        "    # train_step begins with zero_grad(set_to_none=True): backward then allocates the",
+        "    # gradients from the graph's private memory pool, where replays find them.",
+        "    graph = torch.cuda.CUDAGraph()",
+        "    # thread_local: a DataLoader's pin-memory thread may pin memory meanwhile.",
+        '    with torch.cuda.graph(graph, capture_error_mode="thread_local"):',
+        "        static_loss = train_step(model, optimizer, static_batches, loss_fn, forward_fn)",
+        "",
+        "    def graphed_step(batches: Sequence[Batch]) -> torch.Tensor:",
+        "        for static, batch in zip(static_batches, batches, strict=True):",
+        "            pairs = zip(tensors_of(static), tensors_of(batch), strict=True)",
+        "            for static_tensor, tensor in pairs:",
+        "                if tensor.shape != static_tensor.shape:",
+        "                    raise ValueError(",
+        '                        f"CUDA graph replay needs the captured shape "',
+        '                        f"{tuple(static_tensor.shape)}, got {tuple(tensor.shape)}"',
+        "                    )",
+        "                static_tensor.copy_(tensor, non_blocking=True)",
+        "        graph.replay()",
+        "        return static_loss.clone()  # the next replay overwrites static_loss",
+        "",
+        "    return graphed_step",
+    ]
+    return "\n".join(lines)
+
+
+def _snippet(config: TrainConfig, snippet: Snippet) -> None:
+    if not config.cuda_graphs:
+        return
+    if not snippet.on_cuda:
+        raise ConfigError(f"cuda_graphs=true needs a CUDA device; export it with device='cuda', not {snippet.device!r}")
+    snippet.statements.insert(
+        0,
+        "# CUDA graphs (make_graphed_step) exist only on CUDA devices: fail here, with the\n"
+        "# reason, rather than deep inside .to() or the capture.\n"
+        "if not torch.cuda.is_available():\n"
+        "    raise RuntimeError(\n"
+        '        "This training step captures CUDA graphs, which need a CUDA device, but "\n'
+        '        "torch.cuda.is_available() is False. Export the configuration with "\n'
+        '        "cuda_graphs=false to train on this machine."\n'
+        "    )",
+    )
+    drop_last = "drop_last=True  # a short last batch would recompile/break the graph"
+    if drop_last not in snippet.loader_args:
+        snippet.loader_args.append(drop_last)
+    if config.optimizer == "adamw":
+        snippet.imports.add("import warnings")
+    snippet.graphed_step = graphed_step_source(config)
+
+
+def _space(ctx: SpaceContext) -> Space:
+    return {"cuda_graphs": ctx.available("cuda_graphs")}
+
+
+LEVER = Lever(
+    name="cuda_graphs",
+    fields=("cuda_graphs",),
+    summary="capture the whole step once and replay it: removes launch overhead on small, launch-bound steps",
+    availability=probed(cuda_graphs=cuda_graphs_availability),
+    snippet=_snippet,
+    space=_space,
+)

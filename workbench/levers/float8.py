@@ -12,14 +12,20 @@ imports it; the check is pure Python.
 from __future__ import annotations
 
 import fnmatch
+import importlib.util
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
-from workbench.config import ConfigError
-from workbench.optimizations.record import Applied, name_list
+from workbench.config import ConfigError, TrainConfig
+from workbench.device import ALWAYS, Availability, cuda_capability
+from workbench.levers.base import Lever, Space, SpaceContext, probed
+from workbench.levers.fragment import Snippet, call, q
+from workbench.levers.record import Applied, name_list
+from workbench.workloads.base import Workload
 
 FLOAT8_CAPABILITY = (8, 9)
 """Ada/Hopper: the first NVIDIA generations with float8 tensor cores (`torch._scaled_mm`)."""
@@ -119,3 +125,95 @@ def apply_float8(model: nn.Module, recipe: str) -> Applied:
     float8.convert_to_float8_training(model, config=config, module_filter_fn=float8_module_filter(recipe))
     detail = f"{len(chosen)} of {len(plan)} nn.Linear converted to Float8Linear ({recipe} scales): {name_list(chosen)}"
     return Applied("float8", recipe, detail)
+
+
+def float8_availability(recipe: str, dev: torch.device) -> Availability:
+    if recipe == "off":
+        return ALWAYS
+    need = ".".join(map(str, FLOAT8_CAPABILITY))
+    if dev.type != "cuda":
+        return Availability(
+            False,
+            f"float8 training needs float8 tensor cores: an NVIDIA GPU of compute capability {need}+ "
+            f"(Ada, Hopper or newer); this trial runs on {dev.type}",
+        )
+    capability = cuda_capability(dev)
+    if capability < FLOAT8_CAPABILITY:
+        return Availability(
+            False, f"this GPU is compute capability {capability[0]}.{capability[1]}: float8 GEMMs need {need}+"
+        )
+    if importlib.util.find_spec("torchao") is None:
+        return Availability(False, f"float8 training needs torchao, which is not installed: {INSTALL_HINT}")
+    return Availability(True, "needs compile on; converts only the nn.Linear layers large enough to gain")
+
+
+def _snippet(config: TrainConfig, snippet: Snippet) -> None:
+    if config.float8 == "off":
+        return
+    _float8_filter(snippet, config.float8)
+    snippet.model_steps += [
+        "    # float8 GEMMs for the Linears large enough to gain (float8_worth_converting).",
+        "    # Before checkpointing and compile: they must see the converted modules.",
+        *call(
+            "convert_to_float8_training",
+            [
+                "model",
+                f"config=Float8LinearConfig.from_recipe_name({q(config.float8)})",
+                "module_filter_fn=float8_worth_converting",
+            ],
+            indent=4,
+        ),
+    ]
+
+
+def _float8_filter(snippet: Snippet, recipe: str) -> None:
+    """The per-Linear filter torchao calls; `float8_worth_converting` above, in plain PyTorch."""
+    snippet.imports.add("from torchao.float8 import Float8LinearConfig, convert_to_float8_training")
+    if recipe == "tensorwise":
+        rule = [
+            "    # Smaller GEMMs lose: the casts cost more than the float8 GEMM saves (torchao's",
+            "    # thresholds for tensorwise scales, measured on H100).",
+            "    return in_features > 4096 or out_features > 1024",
+        ]
+    else:
+        rule = [
+            "    # Smaller GEMMs lose: the casts cost more than the float8 GEMM saves (torchao's",
+            "    # thresholds for rowwise scales, measured on H100).",
+            "    if out_features <= 2048 or in_features <= 1024:",
+            "        return False",
+            "    return out_features > 4096 or in_features > 2048",
+        ]
+    snippet.helpers.append(
+        "\n".join(
+            [
+                "def float8_worth_converting(module: nn.Module, fqn: str) -> bool:",
+                '    """Convert an nn.Linear to float8 only where its GEMMs are large enough to gain."""',
+                "    if not isinstance(module, nn.Linear):",
+                "        return False",
+                "    in_features, out_features = module.in_features, module.out_features",
+                "    if in_features % 16 or out_features % 16:  # float8 GEMMs need multiples of 16",
+                "        return False",
+                *rule,
+            ]
+        )
+    )
+
+
+def _space(ctx: SpaceContext) -> Space:
+    """Where compile is searched: its combinations with compile=off are refused and never run."""
+    return {} if ctx.compile_modes == ("off",) else {"float8": ctx.available("float8")}
+
+
+def _apply_model(model: nn.Module, config: TrainConfig, workload: Workload) -> Applied | None:
+    return apply_float8(model, config.float8) if config.float8 != "off" else None
+
+
+LEVER = Lever(
+    name="float8",
+    fields=("float8",),
+    summary="float8 GEMMs for large nn.Linear layers (torchao): faster matmuls on Ada/Hopper+ GPUs",
+    availability=probed(float8=float8_availability),
+    snippet=_snippet,
+    space=_space,
+    apply_model=_apply_model,
+)

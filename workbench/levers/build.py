@@ -15,22 +15,21 @@ import torch
 from torch import nn
 
 from workbench.config import TrainConfig
-from workbench.optimizations.amp import ContextFactory, apply_amp
-from workbench.optimizations.attention import apply_attention_backend
-from workbench.optimizations.checkpointing import apply_activation_checkpointing
-from workbench.optimizations.compile import apply_compile
-from workbench.optimizations.compiled_autograd import apply_compiled_autograd
-from workbench.optimizations.cuda_graphs import CudaGraphStep, apply_cuda_graphs
-from workbench.optimizations.distributed import apply_data_parallel, grads_stay_bucket_views
-from workbench.optimizations.flex_attention import apply_flex_attention
-from workbench.optimizations.float8 import apply_float8
-from workbench.optimizations.memory_budget import apply_activation_memory_budget
-from workbench.optimizations.memory_format import apply_channels_last, to_channels_last
-from workbench.optimizations.offload import apply_activation_offload
-from workbench.optimizations.optimizer import apply_optimizer
-from workbench.optimizations.precision import apply_fp32_precision
-from workbench.optimizations.record import Applied
-from workbench.optimizations.threads import apply_intra_op_threads
+from workbench.device import resolve_device
+from workbench.levers import registry
+from workbench.levers.amp import ContextFactory, apply_amp
+from workbench.levers.attention import apply_attention_backend
+from workbench.levers.batching import apply_grad_accumulation
+from workbench.levers.compile import apply_compile
+from workbench.levers.compiled_autograd import apply_compiled_autograd
+from workbench.levers.cuda_graphs import CudaGraphStep, apply_cuda_graphs
+from workbench.levers.distributed import apply_data_parallel, grads_stay_bucket_views
+from workbench.levers.memory_budget import apply_activation_memory_budget
+from workbench.levers.memory_format import to_channels_last
+from workbench.levers.optimizer import apply_optimizer
+from workbench.levers.precision import apply_fp32_precision
+from workbench.levers.record import Applied
+from workbench.levers.threads import apply_intra_op_threads
 from workbench.workloads.base import Batch, Workload, WorkloadError, move_batch
 
 Mark = Callable[[str], None]
@@ -38,48 +37,20 @@ Mark = Callable[[str], None]
 
 def build(workload: Workload, config: TrainConfig, device: str | torch.device | None = None) -> TrainStep:
     """Build the model, optimizer and step for `config` on `device`; refuse what this device cannot run."""
-    from workbench.device import check_config, resolve_device
-
     dev = resolve_device(device)
-    check_config(config, dev)
+    registry.check_config(config, dev)
     torch.manual_seed(config.seed)  # same seed → same initial weights in every trial
     model = workload.model_fn().to(dev)
     applied: list[Applied] = []
 
-    # The order, and why:
-    # 1. memory format first: it rewrites parameter storage; the optimizer state (zeros_like
-    #    the parameters) and compiled kernels must see the final layout.
-    if config.channels_last:
-        applied.append(apply_channels_last(model))
-    # 1b. float8 swaps nn.Linear for torchao's Float8Linear: a module change all later steps must
-    #     see (checkpointing patches the final modules, the optimizer holds the final parameters,
-    #     compile traces the float8 casts to fuse them); torchtitan converts before parallelizing.
-    if config.float8 != "off":
-        applied.append(apply_float8(model, config.float8))
-    # 2. activation checkpointing: patches module forwards. Before compile, so dynamo traces the
-    #    checkpointed regions (torchtitan: "turn on per-block compile after AC wrapping").
-    if config.activation_checkpointing != "off":
-        applied.append(
-            apply_activation_checkpointing(
-                model,
-                config.activation_checkpointing,
-                config.checkpoint_target,
-                workload.checkpoint_target,
-                workload.name,
-            )
-        )
-    # 2a. activation offload patches module forwards as checkpointing does, after it: on a module
-    #     both target, offload wraps the checkpointed forward and moves only what checkpointing
-    #     saves (the block's inputs). Before compile and the data-parallel wrappers, like 2.
-    if config.activation_offload != "off":
-        applied.append(
-            apply_activation_offload(model, config.activation_offload, workload.checkpoint_target, workload.name)
-        )
-    # 2a'. FlexAttention swaps the attention call inside the model's attention modules: a module
-    #     change, so before compile (dynamo must trace flex_attention to fuse it) and before the
-    #     data-parallel wrappers, which hold the modules as they are.
-    if config.attention_backend == "flex":
-        applied.append(apply_flex_attention(model))
+    # Model changes first, each lever's `apply_model` in the registry's order (its docstring says
+    # why: memory format, float8, checkpointing, offload, FlexAttention); then the wrappers, the
+    # optimizer and the contexts below, in the same order.
+    for lever in registry.LEVERS:
+        if lever.apply_model is not None:
+            record = lever.apply_model(model, config, workload)
+            if record is not None:
+                applied.append(record)
     # 2b. data parallelism (strategy=ddp/fsdp2): after checkpointing, whose wrapped forwards the
     #     shards must contain; before the optimizer, because FSDP2 swaps the parameters for sharded
     #     DTensors; before compile, so dynamo traces the wrapped forward (DDP: wrap, then compile).
@@ -93,11 +64,9 @@ def build(workload: Workload, config: TrainConfig, device: str | torch.device | 
         model, config.optimizer, config.optimizer_impl, config.lr, capturable=config.cuda_graphs
     )
     applied.append(record)
-    if config.grad_accumulation > 1:
-        n = config.grad_accumulation
-        applied.append(
-            Applied("grad_accumulation", n, f"{n} micro-batches per optimizer step, each loss divided by {n}")
-        )
+    accumulation = apply_grad_accumulation(config.grad_accumulation)
+    if accumulation is not None:
+        applied.append(accumulation)
     # 4. AMP: autocast around forward+loss, GradScaler for fp16. Autocast's cast cache must be
     #    off under CUDA graph capture.
     autocast, scaler, amp_record = apply_amp(config.amp, dev, cache_enabled=not config.cuda_graphs)

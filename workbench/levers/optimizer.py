@@ -20,8 +20,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.config import ConfigError
-from workbench.optimizations.record import Applied
+from workbench.config import ConfigError, TrainConfig
+from workbench.device import ALWAYS, Availability
+from workbench.levers.base import Lever, Space, SpaceContext, Table, first_line
+from workbench.levers.fragment import Snippet, call, comment
+from workbench.levers.record import Applied
 
 SGD_MOMENTUM = 0.9
 
@@ -86,3 +89,83 @@ def apply_optimizer(
         flag_text = ", ".join(filter(None, [f"PyTorch's default for these parameters: {resolved}", flag_text]))
     detail = f"{what} lr={lr} over {len(trainable)} tensors ({count:,} parameters), {flag_text}"
     return optimizer, Applied("optimizer", f"{name}/{resolved}", detail)
+
+
+def optimizer_impl_availability(value: str, dev: torch.device) -> Availability:
+    if value == "default":
+        return Availability(True, f"PyTorch's choice on {dev.type}: {default_impl_on(dev.type)}")
+    if value != "fused":
+        return ALWAYS
+    param = torch.zeros(4, device=dev, requires_grad=True)
+    param.grad = torch.ones_like(param)
+    try:
+        torch.optim.AdamW([param], fused=True).step()
+    except (RuntimeError, ValueError) as exc:
+        return Availability(False, f"fused AdamW is not supported here: {first_line(exc)}")
+    return ALWAYS
+
+
+def _availability(dev: torch.device) -> Table:
+    from workbench.config import field_choices
+
+    return {
+        "optimizer_impl": {v: optimizer_impl_availability(v, dev) for v in field_choices("optimizer_impl") or ()},
+        "optimizer": dict.fromkeys(field_choices("optimizer") or (), ALWAYS),
+    }
+
+
+def make_optimizer_source(config: TrainConfig, device: str) -> str:
+    """`make_optimizer`: AdamW or SGD(momentum 0.9) with the measured kernel strategy.
+
+    optimizer_impl='default' is written out as what PyTorch picks on `device` (foreach on CUDA,
+    the for-loop on CPU): a trial on that device measured exactly that, and the pasted step
+    must not depend on where, or with which PyTorch, it later runs.
+    """
+    impl: str = config.optimizer_impl
+    source = ""
+    if impl == "default":
+        device_type = device.split(":")[0]
+        impl = default_impl_on(device_type)
+        source = f" (PyTorch's default on {device_type}, written out as measured)"
+    flag = {"for-loop": "foreach=False", "foreach": "foreach=True", "fused": "fused=True"}[impl]
+    effect = {
+        "for-loop": "one kernel per parameter and update op.",
+        "foreach": "each update op runs as one batched kernel over all parameters.",
+        "fused": "one fused kernel does the whole update for all parameters.",
+    }[impl]
+    why = f"{flag}{source}: {effect}"
+    name = "AdamW" if config.optimizer == "adamw" else "SGD with momentum 0.9"
+    args = ["params", f"lr={config.lr!r}"] + (["momentum=0.9"] if config.optimizer == "sgd" else []) + [flag]
+    comments = comment(why, indent="    # ")
+    if config.cuda_graphs and config.optimizer == "adamw":
+        args.append("capturable=True")
+        comments.append("    # capturable=True keeps the step count on the GPU, so a CUDA graph can replay it.")
+    cls = "torch.optim.AdamW" if config.optimizer == "adamw" else "torch.optim.SGD"
+    return "\n".join(
+        [
+            "def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:",
+            f'    """{name} over the model\'s trainable parameters."""',
+            "    params = [p for p in model.parameters() if p.requires_grad]",
+            *comments,
+            *call(f"return {cls}", args, indent=4),
+        ]
+    )
+
+
+def _snippet(config: TrainConfig, snippet: Snippet) -> None:
+    snippet.make_optimizer = make_optimizer_source(config, snippet.device)
+
+
+def _space(ctx: SpaceContext) -> Space:
+    """The kernel strategy only: another algorithm (`optimizer`) trains a different model."""
+    return {"optimizer_impl": ctx.available("optimizer_impl")}
+
+
+LEVER = Lever(
+    name="optimizer",
+    fields=("optimizer", "optimizer_impl"),
+    summary="the optimizer's kernels: foreach or fused updates cut launches on models with many parameters",
+    availability=_availability,
+    snippet=_snippet,
+    space=_space,
+)

@@ -1,0 +1,138 @@
+"""`LEVERS`: every lever, in the one order `build()` applies them, and the questions asked of all.
+
+The order, and why (`build()` follows it; levers with nothing to apply sit where their setting
+is read):
+1. memory format first: it rewrites parameter storage; the optimizer state (zeros_like the
+   parameters) and compiled kernels must see the final layout.
+2. float8 swaps nn.Linear for torchao's Float8Linear: a module change all later steps must see
+   (checkpointing patches the final modules, the optimizer holds the final parameters, compile
+   traces the float8 casts to fuse them); torchtitan converts before parallelizing.
+3. activation checkpointing patches module forwards. Before compile, so dynamo traces the
+   checkpointed regions (torchtitan: "turn on per-block compile after AC wrapping").
+4. activation offload patches module forwards as checkpointing does, after it: on a module both
+   target, offload wraps the checkpointed forward and moves only what checkpointing saves.
+5. attention backend: FlexAttention swaps the attention call inside the model's modules, a module
+   change, so before compile and the data-parallel wrappers; a forced SDPA kernel is a context
+   around the step (forward and backward).
+6. data parallelism: after checkpointing, whose wrapped forwards the shards must contain; before
+   the optimizer, because FSDP2 swaps the parameters for sharded DTensors; before compile, so
+   dynamo traces the wrapped forward (DDP: wrap, then compile).
+7. optimizer once the model is final, so it holds the parameters that train. CUDA graphs need
+   capturable Adam(W), so that is decided here already.
+8. batching: micro-batches per optimizer step, which the step runs.
+9. AMP: autocast around forward+loss, GradScaler for fp16 (no cast cache under CUDA graphs).
+10. float32 precision and 11. intra-op threads: process-global flags, scoped to the step.
+12. activation memory budget: a compiler setting read when the first forward compiles, so a
+    context around forward like 9-11, compiled in.
+13. compile last among module changes: it traces the final forward, with 9-12 active.
+14. compiled autograd: a context around each backward, after compile, whose forward makes it.
+15. CUDA graphs capture the step exactly as it finally runs (compiled, checkpointed, AMP).
+16. the data loader: outside the step (the loader that feeds it).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+from workbench.config import ConfigError, TrainConfig
+from workbench.device import Availability, device_info, resolve_device
+from workbench.levers import (
+    amp,
+    attention,
+    batching,
+    checkpointing,
+    compile,
+    compiled_autograd,
+    cuda_graphs,
+    distributed,
+    float8,
+    loader,
+    memory_budget,
+    memory_format,
+    offload,
+    optimizer,
+    precision,
+    threads,
+)
+from workbench.levers.base import Lever
+
+if TYPE_CHECKING:
+    import torch
+
+LEVERS: tuple[Lever, ...] = (
+    memory_format.LEVER,
+    float8.LEVER,
+    checkpointing.LEVER,
+    offload.LEVER,
+    attention.LEVER,
+    distributed.LEVER,
+    optimizer.LEVER,
+    batching.LEVER,
+    amp.LEVER,
+    precision.LEVER,
+    threads.LEVER,
+    memory_budget.LEVER,
+    compile.LEVER,
+    compiled_autograd.LEVER,
+    cuda_graphs.LEVER,
+    loader.LEVER,
+)
+
+#: TrainConfig fields no lever owns: they say what is trained, not how fast.
+NOT_LEVERS = ("lr", "seed", "extra")
+
+
+def lever_of(field_name: str) -> Lever:
+    """The lever that owns a TrainConfig field."""
+    for lever in LEVERS:
+        if field_name in lever.fields:
+            return lever
+    raise KeyError(f"no lever owns the field {field_name!r}")
+
+
+def capabilities(device: str | torch.device | None = None) -> dict[str, dict[Any, Availability]]:
+    """For every listed lever value: its Availability on this device (probed once per device)."""
+    dev = resolve_device(device)
+    return _capabilities_cached(str(dev))
+
+
+@functools.lru_cache(maxsize=8)
+def _capabilities_cached(device_str: str) -> dict[str, dict[Any, Availability]]:
+    import torch
+
+    dev = torch.device(device_str)
+    caps: dict[str, dict[Any, Availability]] = {}
+    for lever in LEVERS:
+        caps.update(lever.availability(dev))
+    return caps
+
+
+def check_config(config: TrainConfig, device: str | torch.device | None = None) -> None:
+    """Raise ConfigError when the config asks for something this device cannot do."""
+    dev = resolve_device(device)
+    for name, table in capabilities(dev).items():
+        value = getattr(config, name)
+        availability = table.get(value)
+        if availability is not None and not availability.available:
+            raise ConfigError(f"{name}={value} is not available on {dev}: {availability.reason}")
+    for lever in LEVERS:
+        if lever.check is not None:
+            lever.check(config, dev)
+
+
+def capabilities_report(device: str | torch.device | None = None) -> dict[str, Any]:
+    """Plain data for the CLI/JSON/UI: device facts plus every value's availability."""
+    info = device_info(device)
+    caps = capabilities(device)
+    return {
+        "device": info.to_dict(),
+        "toggles": {
+            name: {_key(v): {"available": a.available, "reason": a.reason} for v, a in table.items()}
+            for name, table in caps.items()
+        },
+    }
+
+
+def _key(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
