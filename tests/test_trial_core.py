@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from call_count import counting_environment, counts, install
 
 from workbench.config import ConfigError, TrainConfig
@@ -48,7 +49,7 @@ def test_a_paired_comparison_checks_each_configuration_once(call_log: Path) -> N
     assert counts(call_log) == {"check_config": 2, "resolve_device": 2}, call_log.read_text()
 
 
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a device without CUDA graphs")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a device without CUDA graphs")
 def test_a_candidate_the_device_cannot_run_is_refused_before_the_baseline_runs(call_log: Path) -> None:
     with pytest.raises(ConfigError, match="candidate 1: cuda_graphs=True is not available on cpu"):
         run_protocol("bev-perception", TrainConfig(), [TrainConfig(cuda_graphs=True)], store=None, **TINY)
