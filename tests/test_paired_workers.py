@@ -114,7 +114,8 @@ def test_cpu_paired_workers_build_one_after_another_and_warm_eager_models_once(t
 
     request = TrialRequest.of(build_log_workload(str(tmp_path)), TrainConfig(), warmup=3, steps=1, device="cpu",
                               track_memory=False)  # fmt: skip
-    sessions, why_fewer = open_sessions(request, [TrainConfig(), TrainConfig(lr=1e-4)], 2)
+    requests = [request.with_config(config).resolved() for config in (TrainConfig(), TrainConfig(lr=1e-4))]
+    sessions, why_fewer = open_sessions(requests, 2)
     try:
         assert len(sessions) == 2 and why_fewer == ""
         logs = read_logs(str(tmp_path))  # read before any round: only the builds and their warm-up

@@ -28,7 +28,7 @@ import math
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from workbench.analysis.compare import Comparison, UnitLog, compare_units, summarize
@@ -209,16 +209,17 @@ def paired_refusal(configs: Sequence[TrainConfig]) -> str | None:
     return None
 
 
+COMPARE_STEPS = 10
+"""Timed steps of a comparison's fresh trials when the caller names none: the rounds, not one
+long trial, give the interval, so a characterizing trial need not be long."""
+
+
 def run_protocol(
     workload: Workload | str,
     baseline: TrainConfig,
     candidates: Sequence[TrainConfig],
     protocol: Protocol | None = None,
     *,
-    warmup: int = 3,
-    steps: int = 10,
-    device: Any = None,
-    preset: str = "tiny",
     on_event: EventSink | None = None,
     cancel: threading.Event | None = None,
     store: StoreArg = DEFAULT_STORE,
@@ -226,10 +227,13 @@ def run_protocol(
     run_label: str = "",
     labels: Sequence[str] = (),
     known_baseline: Sequence[TrialResult] = (),
+    request: TrialRequest | None = None,
     **trial_options: Any,
 ) -> ComparisonRun:
     """Characterize, then measure rounds until precise or out of budget, then compare.
 
+    The trial options (warmup, steps, device, preset, timeout_s, ...) are `TrialRequest`'s, given
+    as keywords (steps defaults to `COMPARE_STEPS`) or as one `request` whose config is ignored.
     `known_baseline`: the baseline's fresh trials from earlier (the app re-uses them; they must
     be of `baseline` with the same window). Every fresh trial is saved to `store` as it ends;
     the comparison's figures are attached to those trials when the comparison ends."""
@@ -243,16 +247,15 @@ def run_protocol(
         raise ConfigError(f"design='paired' is not honest here: {refusal}; use design='processes' or 'auto'")
     design = "processes" if protocol.design == "processes" or refusal is not None else "paired"
     emit = on_event or (lambda event: None)
-    request = TrialRequest.of(workload, baseline, warmup=warmup, steps=steps, device=device, preset=preset,
-                              **trial_options)  # fmt: skip
+    requests = configured_requests(workload, configs, names, request, trial_options)
     began = time.monotonic()
     load = HostLoad().start()
     spares = len(configs) - bool(known_baseline) + (protocol.paired_workers if design == "paired" else 0)
-    with opened_store(store) as history, _spare_workers(request, design, spares):
+    with opened_store(store) as history, _spare_workers(requests[0], design, spares):
         recorder = history.recorder(kind, label=run_label) if history is not None else None
 
         def fresh(index: int) -> TrialResult:
-            result = run_request(request.with_config(configs[index]), on_event, cancel)
+            result = run_request(requests[index], on_event, cancel)
             if recorder is not None:
                 recorder.save(result, label=names[index])
             return result
@@ -261,7 +264,7 @@ def run_protocol(
         for index in range(len(configs)):
             if not runs[index]:
                 runs[index].append(fresh(index))
-        rounds = _Rounds(request, configs, runs, protocol, design, began, emit, cancel, fresh)
+        rounds = _Rounds(requests, runs, protocol, design, began, emit, cancel, fresh)
         log, stop_reason = rounds.run()
         design = rounds.design
         discard_spares()  # reaped before the host-load reading, so their start-up is not "other" work
@@ -276,6 +279,29 @@ def run_protocol(
         if history is not None:
             _attach(history, comparison, runs)
     return ComparisonRun(comparison, runs[0], runs[1:])
+
+
+def configured_requests(
+    workload: Workload | str,
+    configs: Sequence[TrainConfig],
+    names: Sequence[str],
+    request: TrialRequest | None,
+    options: dict[str, Any],
+) -> list[TrialRequest]:
+    """One resolved request per configuration, all of one window: the device settled and each config
+    checked on it once, before anything is measured (a candidate this device cannot run is refused
+    before the baseline's trial, not after it)."""
+    if request is None:
+        request = TrialRequest.of(workload, configs[0], **{"steps": COMPARE_STEPS, **options})
+    elif options:
+        raise ConfigError(f"give the trial options in `request` or as keywords, not both (got {', '.join(options)})")
+    requests = []
+    for index, config in enumerate(configs):
+        try:
+            requests.append(replace(request, workload=workload).with_config(config).resolved())
+        except ConfigError as exc:
+            raise ConfigError(f"{names[index] if index < len(names) else f'configuration {index}'}: {exc}") from None
+    return requests
 
 
 def stop_reason(
@@ -325,7 +351,7 @@ def run_rounds(
     `half_widths(runs)` returns each configuration's interval half-width so far (None: not known
     yet; 0.0 where more trials cannot help, e.g. no reference); a configuration leaves the rounds
     once its width is within ±precision. Stops by `stop_reason`; every trial is saved to `store` as it ends."""
-    request = TrialRequest.of(workload, configs[0], **window)
+    requests = [TrialRequest.of(workload, config, **window).resolved() for config in configs]
     runs: list[list[TrialResult]] = [[] for _ in configs]
     began = time.monotonic()
     durations: list[float] = []
@@ -342,7 +368,7 @@ def run_rounds(
                 return runs, reason
             round_began = time.monotonic()
             for index in round_order(active, done):
-                result = run_request(request.with_config(configs[index]), on_event, cancel)
+                result = run_request(requests[index], on_event, cancel)
                 if recorder is not None:
                     recorder.save(result, label=labels[index] if index < len(labels) else "")
                 runs[index].append(result)
@@ -361,10 +387,10 @@ def run_rounds(
 class _Rounds:
     """The adaptive loop: one round at a time, until precise, out of budget or out of rounds."""
 
-    def __init__(self, request: TrialRequest, configs: list[TrainConfig], runs: list[list[TrialResult]],
-                 protocol: Protocol, design: str, began: float, emit: EventSink,
-                 cancel: threading.Event | None, fresh: Any) -> None:  # fmt: skip
-        self.request, self.configs, self.runs, self.protocol = request, configs, runs, protocol
+    def __init__(self, requests: list[TrialRequest], runs: list[list[TrialResult]], protocol: Protocol,
+                 design: str, began: float, emit: EventSink, cancel: threading.Event | None,
+                 fresh: Any) -> None:  # fmt: skip
+        self.requests, self.runs, self.protocol = requests, runs, protocol
         self.design, self.began, self.emit, self.cancel = design, began, emit, cancel
         self.fresh = fresh
         self.log = UnitLog()
@@ -391,7 +417,7 @@ class _Rounds:
 
         wanted = self.protocol.paired_workers
         try:
-            sessions, why_fewer = open_sessions(self.request, [self.configs[i] for i in ok], wanted, self.cancel)
+            sessions, why_fewer = open_sessions([self.requests[i] for i in ok], wanted, self.cancel)
         except SessionFailed as exc:
             if self.cancel is not None and self.cancel.is_set():
                 return "cancelled"

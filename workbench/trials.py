@@ -3,7 +3,7 @@
 Above `measure` and `distributed`, so neither imports the other's launcher: a config with
 strategy ddp/fsdp2 goes to torchrun ranks (`distributed.run_distributed_trial`), anything else
 to a fresh worker process (`measure.worker.run_in_worker`, the default) or this process
-(`measure.trial.run_trial_inline`, for debugging). Each takes the same `TrialRequest`.
+(`measure.trial.run_trial_inline`, for debugging). Each takes the same `TrialRequest`, resolved here.
 """
 
 from __future__ import annotations
@@ -46,7 +46,11 @@ def run_trial(
 def run_request(
     request: TrialRequest, on_event: EventSink | None = None, cancel: threading.Event | None = None
 ) -> TrialResult:
-    """`run_trial` for a request already built (the protocol's rounds, the app)."""
+    """`run_trial` for a request already built (the protocol's rounds, the app).
+
+    The request is resolved here, once (device settled, config checked on it); every path below
+    trusts that and checks nothing again."""
+    request = request.resolved()
     if request.config.strategy != "none":
         from workbench.distributed import run_distributed_trial
 

@@ -1,7 +1,7 @@
 """`python -m workbench.distributed`: what every rank runs under torchrun.
 
-Two ways in. The launcher (`run_trial` with strategy ddp/fsdp2) passes `--spec` (workload,
-config, window) and `--events` (the directory each rank reports into). On a cluster, the
+Two ways in. The launcher (`run_trial` with strategy ddp/fsdp2) passes `--request` (the
+trial's request in its wire form, resolved and checked by the launcher) and `--events` (the directory each rank reports into). On a cluster, the
 command `export.to_command` prints runs the same code on every node with `--workload`/`--set`
 arguments; rank 0 then prints the summary and writes `--out` JSON. Every rank reports its own
 failure before exiting, so the parent can name the rank that broke the trial. Launched by the
@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
-import pickle
 import socket
 import sys
 import time
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from workbench.config import ConfigError, TrainConfig
 from workbench.distributed.channel import RankWriter
-from workbench.workloads.base import Workload, WorkloadError
+from workbench.measure.outcome import status_of
+from workbench.measure.request import TrialRequest
+from workbench.workloads.base import WorkloadError
 from workbench.workloads.registry import PRESETS
 
 EXIT_INPUT_ERROR = 2
@@ -34,7 +37,7 @@ after this long instead of waiting forever (torchrun then ends the others)."""
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m workbench.distributed", description=__doc__)
-    parser.add_argument("--spec", help="launcher spec file (pickled workload, config and window)")
+    parser.add_argument("--request", help="the trial in its wire form (TrialRequest.to_wire): a JSON file or text")
     parser.add_argument("--events", help="directory the ranks report into (launcher only)")
     parser.add_argument("--workload", default="bev-perception", help="built-in name or package.module:function")
     parser.add_argument("--preset", default="tiny", choices=PRESETS)
@@ -84,13 +87,14 @@ def _run(args: argparse.Namespace, rank: int, send: Any, standalone: bool) -> in
 
     from workbench.distributed.rank_trial import RankContext, run_rank_trial
 
-    workload, config, options = _load(args)
-    device_type = options.pop("device_type") or ("cuda" if torch.cuda.is_available() else "cpu")
-    if options.get("memory_limit_bytes"):
+    request = _request(args)
+    config = request.config
+    device_type = torch.device(request.device).type if request.device is not None else None
+    device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
+    if request.memory_limit_bytes:
         import resource
 
-        limit = int(options["memory_limit_bytes"])
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        resource.setrlimit(resource.RLIMIT_AS, (request.memory_limit_bytes, request.memory_limit_bytes))
     ctx = RankContext.from_env(device_type)
     expected = config.nproc_per_node * config.nnodes
     if expected != ctx.world_size:
@@ -100,17 +104,14 @@ def _run(args: argparse.Namespace, rank: int, send: Any, standalone: bool) -> in
         )
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
-    timeout = datetime.timedelta(seconds=options.get("pg_timeout_s") or PG_TIMEOUT_S)
+    timeout = datetime.timedelta(seconds=request.timeout_s or PG_TIMEOUT_S)
     if ctx.device.type == "cuda":  # bind the NCCL communicator to this rank's GPU up front
         dist.init_process_group(ctx.backend, timeout=timeout, device_id=ctx.device)
     else:
         dist.init_process_group(ctx.backend, timeout=timeout)
     send(("progress", -1, "setup", time.time()))
     progress = (lambda step, phase: send(("progress", step, phase, time.time()))) if not standalone else _no_progress
-    result = run_rank_trial(
-        workload, config, ctx, warmup=options["warmup"], steps=options["steps"], preset=options["preset"],
-        emit=_event_sink(rank, send, standalone), progress=progress,
-    )  # fmt: skip
+    result = run_rank_trial(request, ctx, emit=_event_sink(rank, send, standalone), progress=progress)
     # Only after success: tearing down beside a failed peer can block (NCCL), and torchrun
     # ends a failed world anyway.
     dist.destroy_process_group()
@@ -119,20 +120,17 @@ def _run(args: argparse.Namespace, rank: int, send: Any, standalone: bool) -> in
     return 0 if result.ok or not standalone else 1
 
 
-def _load(args: argparse.Namespace) -> tuple[Workload | str, TrainConfig, dict[str, Any]]:
-    """Workload, config and window options from the launcher's spec file or the command line."""
-    if args.spec:
-        from workbench.measure.worker import unpack_workload
-
-        with open(args.spec, "rb") as fh:
-            spec = pickle.load(fh)
-        return unpack_workload(spec["workload"]), TrainConfig.from_dict(spec["config"]), dict(spec["options"])
+def _request(args: argparse.Namespace) -> TrialRequest:
+    """The trial: the launcher's wire form (`--request`, a file or JSON text), or the command line's
+    options read the way `workbench run` reads them (the command `export.to_command` prints)."""
+    if args.request:
+        text = args.request if args.request.lstrip().startswith("{") else Path(args.request).read_text()
+        return TrialRequest.from_wire(json.loads(text))
     config = TrainConfig()
     for text in args.overrides:
         config = config.with_overrides(text)
-    options = {"warmup": args.warmup, "steps": args.steps, "preset": args.preset, "device_type": args.device}
-    options["pg_timeout_s"] = args.timeout
-    return args.workload, config, options
+    return TrialRequest.of(args.workload, config, warmup=args.warmup, steps=args.steps, preset=args.preset,
+                           device=args.device, timeout_s=args.timeout)  # fmt: skip
 
 
 def _event_sink(rank: int, send: Any, standalone: bool) -> Any:
@@ -175,17 +173,8 @@ def _failure_report(exc: BaseException) -> dict[str, Any]:
     skip = [os.path.dirname(torch_module.__file__ or "") if torch_module else "", sysconfig.get_paths()["stdlib"]]
     return {
         "time": time.time(),
-        "status": _kind(exc),
+        "status": status_of(exc)[0],
         "exception": f"{type(exc).__name__}: {exc}".strip(),
         "where": raise_site(traceback.extract_tb(exc.__traceback__), skip),
         "traceback": traceback.format_exc(),
     }
-
-
-def _kind(exc: BaseException) -> str:
-    """The trial status a rank's exception maps to: out of memory, or a plain error."""
-    import torch
-
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(exc):
-        return "oom"
-    return "error"

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import shlex
 import shutil
 import signal
@@ -25,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,7 @@ from workbench.measure.follow import STARTUP_GRACE_S, EventRelay
 from workbench.measure.lifeline import LAUNCHER_PID_ENV
 from workbench.measure.request import TrialRequest
 from workbench.measure.result import TrialResult
-from workbench.measure.worker import pack_workload, workload_name
+from workbench.measure.wire import workload_name
 from workbench.workloads.base import Workload
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -56,6 +56,8 @@ SETTLE_S = 10.0
 """After the first sign of a failure, how long to wait for torchrun to end the other ranks and
 write its record before deciding without it (a rank that ignores SIGTERM holds torchrun 30 s)."""
 FAILURE_RECORD = "failures.json"
+REQUEST_FILE = "request.json"
+"""The trial's request in its wire form (`TrialRequest.to_wire`), which every rank reads."""
 _WHERE = {
     "starting": "starting up (imports, process group)",
     "setup": "building the model and its data",
@@ -71,9 +73,9 @@ def run_distributed_trial(
     request: TrialRequest, on_event: EventSink | None = None, cancel: threading.Event | None = None
 ) -> TrialResult:
     """Run `request.config` (strategy ddp/fsdp2) as `config.nproc_per_node` ranks on this node."""
-    from workbench.device import device_info, resolve_device
-    from workbench.levers import check_config
+    from workbench.device import device_info
 
+    request = request.resolved()  # refuse bad input before paying for torchrun (once: the ranks trust it)
     config = request.config
     if request.isolation != "process":
         raise ConfigError(
@@ -91,14 +93,12 @@ def run_distributed_trial(
             "run the command `workbench export --format command` prints on each node"
         )
     timeout = float(request.timeout_s) if request.timeout_s is not None else DEFAULT_TIMEOUT_S
-    dev = resolve_device(request.device)
-    check_config(config, dev)  # refuse bad input before paying for torchrun
+    dev = request.torch_device()
     _check_batch(request.workload, request.preset, config)
     directory = Path(tempfile.mkdtemp(prefix="workbench-dist-"))
-    options = {"warmup": request.warmup, "steps": request.steps, "preset": request.preset, "device_type": dev.type}
-    options.update(memory_limit_bytes=request.memory_limit_bytes, pg_timeout_s=timeout + 60.0)  # parent's first
-    spec = {"workload": pack_workload(request.workload), "config": config.to_dict(), "options": options}
-    (directory / "spec.pkl").write_bytes(pickle.dumps(spec))
+    # The ranks' collective timeout is the parent's silence limit plus a minute, so the parent acts first.
+    wire = replace(request, timeout_s=timeout + 60.0).to_wire()
+    (directory / REQUEST_FILE).write_text(json.dumps(wire))
     command = rank_command(config, directory)
     log = open(directory / "torchrun.log", "wb")  # noqa: SIM115 - closed in finally, after the process
     env = {**rank_environment(config, dev.type), FAILURE_RECORD_ENV: str(directory / FAILURE_RECORD)}
@@ -121,10 +121,10 @@ def run_distributed_trial(
 
 
 def rank_command(config: TrainConfig, directory: Path) -> list[str]:
-    """`python -m workbench.distributed.agent ... -m workbench.distributed --spec ... --events ...`: torchrun
+    """`python -m workbench.distributed.agent ... -m workbench.distributed --request ... --events ...`: torchrun
     (`torch.distributed.run` with its own arguments) that also records how each failed rank ended."""
     launcher = [sys.executable, "-m", AGENT_MODULE, *torchrun_args(config)]
-    return [*launcher, "-m", RANK_MODULE, "--spec", str(directory / "spec.pkl"), "--events", str(directory)]
+    return [*launcher, "-m", RANK_MODULE, "--request", str(directory / REQUEST_FILE), "--events", str(directory)]
 
 
 def rank_environment(config: TrainConfig, device_type: str) -> dict[str, str]:

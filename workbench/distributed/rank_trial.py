@@ -21,20 +21,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workbench.config import TrainConfig
 from workbench.distributed.overlap import comm_profile, intervals_from_events
 from workbench.distributed.sharding import shard_workload
 from workbench.distributed.stats import summarize_ranks
 from workbench.levers.build import TrainStep, build
 from workbench.measure.events import EventSink, TrialFinished, TrialStarted
+from workbench.measure.outcome import start_result
+from workbench.measure.request import TrialRequest
 from workbench.measure.result import TrialResult
 from workbench.measure.timing import synchronize
 from workbench.measure.window import LossLog, run_window
-from workbench.workloads import Workload, load_workload
+from workbench.workloads import load_workload
 
 PROFILE_STEPS = 3
 """Steps in the profiled window: enough to average, short enough that the profiler's ~10% CPU
-overhead and its trace stay small (a 5-step CPU trace is already 5-15 MB)."""
+overhead and its trace stay small (FIELD-NOTES)."""
 BANDWIDTH_ITERS = 5
 BANDWIDTH_MAX_BYTES = 32 * 2**20
 """The bandwidth probe all-reduces the model's gradient size, capped here to stay quick."""
@@ -60,49 +61,24 @@ class RankContext:
         return cls(rank, local, int(os.environ["WORLD_SIZE"]), device, "nccl" if device_type == "cuda" else "gloo")
 
 
-def run_rank_trial(
-    workload: Workload | str,
-    config: TrainConfig,
-    ctx: RankContext,
-    *,
-    warmup: int,
-    steps: int,
-    preset: str,
-    emit: EventSink,
-    progress: Progress,
-) -> TrialResult:
-    """Run this rank's part; rank 0's result (with every rank's data) is the trial's result."""
-    from workbench.device import device_info
-    from workbench.fingerprint import environment_fingerprint
-    from workbench.levers import capabilities_report
+def run_rank_trial(request: TrialRequest, ctx: RankContext, *, emit: EventSink, progress: Progress) -> TrialResult:
+    """Run this rank's part of `request`; rank 0's result (with every rank's data) is the trial's result.
 
-    wl = load_workload(workload, preset=preset, **config.extra) if isinstance(workload, str) else workload
+    A request the launcher resolved was checked on this node's device already; one from the
+    command line (`export.to_command`, a cluster node) is checked here, when the model is built."""
+    config, workload = request.config, request.workload
+    wl = load_workload(workload, preset=request.preset, **config.extra) if isinstance(workload, str) else workload
     local_wl, local_config = shard_workload(wl, config, ctx.rank, ctx.world_size)
     progress(-1, "setup")
-    result = TrialResult(
-        trial_id=_shared_trial_id(ctx),
-        status="ok",
-        workload=wl.name,
-        preset=wl.preset,
-        workload_source=wl.source,
-        config=config.to_dict(),
-        device=device_info(ctx.device).to_dict(),
-        environment=environment_fingerprint(ctx.device),
-        capabilities=capabilities_report(ctx.device)["toggles"],
-        warmup=warmup,
-        steps=steps,
-        batch_size=wl.effective_batch_size(config),
-        samples_per_step=wl.effective_batch_size(config) * config.grad_accumulation,
-        started_at=time.time(),
-        worker_pid=os.getpid(),
-    )
-    emit(TrialStarted(result.trial_id, wl.describe(), result.config, warmup, steps, f"{ctx.world_size}x{ctx.device}"))
+    result = start_result(_shared_trial_id(ctx), request, wl, ctx.device)
+    emit(TrialStarted(result.trial_id, wl.describe(), result.config, request.warmup, request.steps,
+                      f"{ctx.world_size}x{ctx.device}"))  # fmt: skip
     progress(-1, "setup")  # each stretch of set-up reports, so only a real hang looks silent
     started = time.perf_counter()
-    train_step = build(local_wl, local_config, ctx.device)
+    train_step = build(local_wl, local_config, ctx.device, checked=request.checked)
     result.applied = [{"toggle": a.toggle, "value": a.value, "detail": a.detail} for a in train_step.applied]
     batches = local_wl.batches(local_config)
-    losses = LossLog(ctx.device, warmup, steps, reduce=lambda loss: _world_mean(loss, ctx))
+    losses = LossLog(ctx.device, request.warmup, request.steps, reduce=lambda loss: _world_mean(loss, ctx))
     run_window(train_step, batches, result, emit, losses, on_phase=progress)  # reads the CUDA peak at its end
     local: dict[str, Any] = {"rank": ctx.rank, "host": socket.gethostname(), "step_ms": list(result.step_ms)}
     local["warmup_step_ms"] = list(result.warmup_step_ms)

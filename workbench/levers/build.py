@@ -35,10 +35,18 @@ from workbench.workloads.base import Batch, Workload, WorkloadError, move_batch
 Mark = Callable[[str], None]
 
 
-def build(workload: Workload, config: TrainConfig, device: str | torch.device | None = None) -> TrainStep:
-    """Build the model, optimizer and step for `config` on `device`; refuse what this device cannot run."""
-    dev = resolve_device(device)
-    registry.check_config(config, dev)
+def build(
+    workload: Workload, config: TrainConfig, device: str | torch.device | None = None, *, checked: bool = False
+) -> TrainStep:
+    """Build the model, optimizer and step for `config` on `device`; refuse what this device cannot run.
+
+    `checked=True`: `device` is concrete and `config` was checked on it already (a resolved
+    `TrialRequest`), so the check is not repeated."""
+    if checked and device is not None:
+        dev = torch.device(device)
+    else:
+        dev = resolve_device(device)
+        registry.check_config(config, dev)
     torch.manual_seed(config.seed)  # same seed → same initial weights in every trial
     model = workload.model_fn().to(dev)
     applied: list[Applied] = []

@@ -5,16 +5,25 @@ build a request once, validated; below them the inline trial, the worker, the to
 the paired session and the protocol's rounds all take the request itself. A comparison holds
 one request and varies only its `config` (`with_config`), so every configuration is measured
 with the same window, device and limits by construction.
+
+Where the trial is decided to run, the request is `resolved()` once: its device becomes a
+concrete device string and its config is checked on that device. Every layer below (the worker,
+the paired session, the torchrun ranks, `build`) trusts a resolved request instead of checking
+again; `to_wire`/`from_wire` carry it to another process as plain JSON, the resolution included.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from workbench.config import ConfigError, TrainConfig
 from workbench.measure.profile import ProfileOptions
+from workbench.measure.wire import workload_from_wire, workload_to_wire
 from workbench.workloads.base import Workload
+
+if TYPE_CHECKING:
+    import torch
 
 Isolation = Literal["process", "inline"]
 
@@ -37,6 +46,8 @@ class TrialRequest:
     memory_limit_bytes: int | None = None
     profile: ProfileOptions | None = None
     """A torch.profiler window after the timed window; None: no profiling."""
+    checked: bool = False
+    """Set by `resolved()`: `device` is concrete and `config` was checked on it; nothing below checks again."""
 
     def __post_init__(self) -> None:
         _check_count("warmup", self.warmup, "(the first step carries one-time costs)")
@@ -69,21 +80,51 @@ class TrialRequest:
         return cls(workload, config or TrainConfig(), profile=ProfileOptions.coerce(profile or False), **options)
 
     def with_config(self, config: TrainConfig) -> TrialRequest:
-        """The same trial for another configuration (a comparison's candidates)."""
-        return replace(self, config=config)
+        """The same trial for another configuration (a comparison's candidates); not yet checked."""
+        return replace(self, config=config, checked=False)
 
     def options(self) -> dict[str, Any]:
         """The window as keyword arguments of `run_trial` (everything but workload and config)."""
         return {name: getattr(self, name) for name in _KNOWN}
 
-    def for_worker(self) -> dict[str, Any]:
-        """The window in plain values for another process (the device as text, the profile as a dict)."""
+    def resolved(self) -> TrialRequest:
+        """This request ready to run: the device resolved (None → CUDA when present, else the CPU)
+        and the config checked on it, once; a request already resolved is returned as it is."""
+        if self.checked:
+            return self
         from workbench.device import resolve_device
+        from workbench.levers import check_config
 
-        plain = {name: getattr(self, name) for name in ("warmup", "steps", "preset", "track_memory")}
-        plain["device"] = str(resolve_device(self.device))
-        plain["profile"] = self.profile.to_dict() if self.profile is not None else None
-        return plain
+        dev = resolve_device(self.device)
+        check_config(self.config, dev)  # refuse bad input before paying for a process or torchrun
+        return replace(self, device=str(dev), checked=True)
+
+    def torch_device(self) -> torch.device:
+        """The device of a resolved request (what `resolved()` settled on)."""
+        import torch
+
+        if not self.checked:
+            raise RuntimeError("torch_device() needs a resolved request: call request.resolved() first")
+        return torch.device(self.device)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The request as plain JSON-able data for another process (`from_wire` is the inverse): the
+        workload by name, source or as pickled text, the config as its dict, the device as text."""
+        wire: dict[str, Any] = {name: getattr(self, name) for name in _PLAIN}
+        wire["workload"] = workload_to_wire(self.workload)
+        wire["config"] = self.config.to_dict()
+        wire["device"] = None if self.device is None else str(self.device)
+        wire["profile"] = self.profile.to_dict() if self.profile is not None else None
+        return wire
+
+    @classmethod
+    def from_wire(cls, wire: dict[str, Any]) -> TrialRequest:
+        unknown = sorted(set(wire) - {*_PLAIN, "workload", "config", "device", "profile"})
+        if unknown:
+            raise ConfigError(f"not a trial request: unknown keys {', '.join(unknown)}")
+        plain = {name: wire[name] for name in _PLAIN if name in wire}
+        return cls(workload_from_wire(wire["workload"]), TrainConfig.from_dict(wire["config"]),
+                   device=wire.get("device"), profile=ProfileOptions.coerce(wire.get("profile")), **plain)  # fmt: skip
 
 
 def _check_count(name: str, value: Any, why: str) -> None:
@@ -93,3 +134,4 @@ def _check_count(name: str, value: Any, why: str) -> None:
 
 _WINDOW_FIELDS = {"warmup", "steps", "device", "preset", "track_memory", "isolation", "timeout_s", "memory_limit_bytes"}
 _KNOWN = (*sorted(_WINDOW_FIELDS), "profile")
+_PLAIN = ("warmup", "steps", "preset", "track_memory", "isolation", "timeout_s", "memory_limit_bytes", "checked")

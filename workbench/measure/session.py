@@ -23,8 +23,8 @@ from typing import Any
 from workbench.config import ConfigError, TrainConfig
 from workbench.measure.follow import raise_input_error
 from workbench.measure.request import TrialRequest
-from workbench.measure.worker import POLL_S, pack_workload, unpack_workload
-from workbench.workloads.base import Workload, WorkloadError
+from workbench.measure.worker import POLL_S
+from workbench.workloads.base import WorkloadError
 
 
 class SessionFailed(Exception):
@@ -35,22 +35,18 @@ class PairedSession:
     """Parent side: start the worker, warm every configuration, then run rounds on demand."""
 
     def __init__(
-        self,
-        request: TrialRequest,
-        configs: list[TrainConfig],
-        cancel: threading.Event | None = None,
-        *,
-        wait: bool = True,
+        self, requests: list[TrialRequest], cancel: threading.Event | None = None, *, wait: bool = True
     ) -> None:
-        """`request`: the comparison's window (workload, warm-up, device, preset, timeout); its
-        config is not used, `configs` are the ones built side by side. `wait=False` returns once
-        the worker is started (call `wait_ready` before the first round), so several can build at once."""
+        """`requests`: one per configuration built side by side, the same trial but for `config`
+        (`with_config`), each resolved; their warm-up, device, preset and timeout are the window.
+        `wait=False` returns once the worker is started (call `wait_ready` before the first round),
+        so several can build at once."""
         from workbench.measure.child import ChildProcess
 
-        self.timeout_s = request.timeout_s
+        requests = [request.resolved() for request in requests]  # resolved by the caller: no check again
+        self.timeout_s = requests[0].timeout_s
         self.cancel = cancel
-        options = {key: value for key, value in request.for_worker().items() if key in ("warmup", "device", "preset")}
-        self.child = ChildProcess(_serve, pack_workload(request.workload), [c.to_dict() for c in configs], options)
+        self.child = ChildProcess(_serve, [request.to_wire() for request in requests])
         if wait:
             self.wait_ready()
 
@@ -108,7 +104,7 @@ class PairedSession:
 
 
 def open_sessions(
-    request: TrialRequest, configs: list[TrainConfig], count: int, cancel: threading.Event | None = None
+    requests: list[TrialRequest], count: int, cancel: threading.Event | None = None
 ) -> tuple[list[PairedSession], str]:
     """`count` paired workers: those that became ready, and why any could not ('' when all did).
 
@@ -124,14 +120,15 @@ def open_sessions(
     every core with its intra-op threads, and two such workers side by side spin against each
     other — two bev-perception tiny workers of 2 configurations took 24 s together on 2 cores,
     against about 3 s each alone."""
-    together = _device_type(request.device) == "cuda"
+    requests = [request.resolved() for request in requests]
+    together = requests[0].torch_device().type == "cuda"
     sessions: list[PairedSession] = []
     ready: list[PairedSession] = []
     first_failure: SessionFailed | None = None
     try:
         wanted = max(1, count)
         for number in range(wanted):
-            sessions.append(PairedSession(request, configs, cancel, wait=False))
+            sessions.append(PairedSession(requests, cancel, wait=False))
             if together and number < wanted - 1:
                 continue  # every worker starts before the first is awaited
             for session in sessions if together else sessions[-1:]:
@@ -158,24 +155,13 @@ def _wait(session: PairedSession, ready: list[PairedSession], cancel: threading.
     return None
 
 
-def _device_type(device: Any) -> str:
-    from workbench.device import resolve_device
-
-    try:
-        return resolve_device(device).type
-    except ConfigError:  # the worker reports a bad device as an input error, with the fix
-        return "cpu"
-
-
 # --- the worker side ---------------------------------------------------------------
 
 
-def _serve(
-    requests: Any, replies: Any, payload: bytes, config_dicts: list[dict[str, Any]], options: dict[str, Any]
-) -> None:
+def _serve(requests: Any, replies: Any, wires: list[dict[str, Any]]) -> None:
     """The worker's job: build and warm every configuration, then answer round commands until 'stop'."""
     try:
-        steps = _build_all(unpack_workload(payload), [TrainConfig.from_dict(c) for c in config_dicts], options)
+        steps = _build_all([TrialRequest.from_wire(wire) for wire in wires])
     except (ConfigError, WorkloadError) as exc:
         replies.send(("input_error", type(exc).__name__, str(exc)))
         return
@@ -201,28 +187,24 @@ def _serve(
             return
 
 
-def _build_all(workload: Workload | str, configs: list[TrainConfig], options: dict[str, Any]) -> list[Any]:
-    from workbench.device import resolve_device
-    from workbench.levers import check_config
+def _build_all(requests: list[TrialRequest]) -> list[Any]:
     from workbench.levers.build import build
     from workbench.measure.timing import synchronize
     from workbench.measure.window import one_step
     from workbench.workloads import load_workload
 
-    dev = resolve_device(options["device"])
-    if dev.type == "cuda":
-        import torch
-
-        torch.cuda.set_device(dev)  # capture streams and synchronize() act on the current device
     built = []
-    for config in configs:
-        check_config(config, dev)
-        wl = (
-            load_workload(workload, preset=options["preset"], **config.extra) if isinstance(workload, str) else workload
-        )
-        train_step = build(wl, config, dev)
+    for request in requests:
+        request = request.resolved()  # checked by the parent: trusted as it came
+        dev, config, workload = request.torch_device(), request.config, request.workload
+        if dev.type == "cuda":
+            import torch
+
+            torch.cuda.set_device(dev)  # capture streams and synchronize() act on the current device
+        wl = load_workload(workload, preset=request.preset, **config.extra) if isinstance(workload, str) else workload
+        train_step = build(wl, config, dev, checked=True)
         batches = wl.batches(config)
-        for _ in range(paired_warmup(config, options["warmup"])):  # untimed (the fresh trial timed these costs)
+        for _ in range(paired_warmup(config, request.warmup)):  # untimed (the fresh trial timed these costs)
             one_step(train_step, batches)
         synchronize(dev)
         built.append((train_step, batches, config))

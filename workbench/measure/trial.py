@@ -9,10 +9,8 @@ raise. Where a trial runs (here, a worker, torchrun) is decided above, in `workb
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-import traceback
 import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -21,6 +19,7 @@ from workbench.config import ConfigError, TrainConfig
 from workbench.measure.compile_cache import cache_counts, cache_state
 from workbench.measure.events import EventSink, TrialFinished, TrialStarted
 from workbench.measure.memory import track_step_memory
+from workbench.measure.outcome import start_result, status_of
 from workbench.measure.profile import ProfileOptions
 from workbench.measure.request import TrialRequest
 from workbench.measure.result import TrialResult
@@ -41,45 +40,26 @@ def run_trial_inline(
     """The trial itself, in this process (the worker process calls this too)."""
     import torch
 
-    from workbench.device import device_info, resolve_device
-    from workbench.fingerprint import environment_fingerprint
-    from workbench.levers import capabilities_report, check_config
     from workbench.levers.build import build
 
+    request = request.resolved()  # the caller's resolution is trusted; only a bare request is checked here
     config = request.config
     workload = request.workload
     wl = load_workload(workload, preset=request.preset, **config.extra) if isinstance(workload, str) else workload
-    dev = resolve_device(request.device)
+    dev = request.torch_device()
     if dev.type == "cuda":
         # Capture streams, synchronize() and the capability probes act on the *current* device:
         # for cuda:N that must be N for the whole trial.
         torch.cuda.set_device(dev)
-    check_config(config, dev)
     emit = on_event or (lambda event: None)
 
-    result = TrialResult(
-        trial_id=uuid.uuid4().hex[:12],
-        status="ok",
-        workload=wl.name,
-        preset=wl.preset,
-        workload_source=wl.source,
-        config=config.to_dict(),
-        device=device_info(dev).to_dict(),
-        environment=environment_fingerprint(dev),
-        capabilities=capabilities_report(dev)["toggles"],
-        warmup=request.warmup,
-        steps=request.steps,
-        batch_size=wl.effective_batch_size(config),
-        samples_per_step=wl.effective_batch_size(config) * config.grad_accumulation,
-        started_at=time.time(),
-        worker_pid=os.getpid(),
-    )
+    result = start_result(uuid.uuid4().hex[:12], request, wl, dev)
     emit(TrialStarted(result.trial_id, wl.describe(), result.config, request.warmup, request.steps, str(dev)))
     started = time.perf_counter()
     try:
         _check_cancel(cancel)
         cache_before = cache_counts() if config.compile != "off" else None
-        train_step = build(wl, config, dev)
+        train_step = build(wl, config, dev, checked=True)
         result.applied = [{"toggle": a.toggle, "value": a.value, "detail": a.detail} for a in train_step.applied]
         batches = wl.batches(config)
         losses = LossLog(dev, warmup=request.warmup, steps=request.steps)
@@ -94,24 +74,11 @@ def run_trial_inline(
         raise
     except TrialCancelled:
         result.status, result.message = "cancelled", "cancelled by the caller"
-    except torch.OutOfMemoryError as exc:
-        result.status, result.message = "oom", f"out of memory: {str(exc).splitlines()[0]}"
-    except MemoryError:
-        result.status, result.message = "oom", "out of host memory (MemoryError)"
-    except RuntimeError as exc:
-        if "can't allocate memory" not in str(exc):
-            result.status, result.message = "error", _error_text(exc)
-        else:  # the CPU allocator's out-of-memory is a plain RuntimeError
-            result.status, result.message = "oom", f"out of host memory: {str(exc).splitlines()[0]}"
     except Exception as exc:  # the user's model may raise anything; report it, keep the caller alive
-        result.status, result.message = "error", _error_text(exc)
+        result.status, result.message = status_of(exc)
     result.wall_time_s = time.perf_counter() - started
     emit(TrialFinished(result.trial_id, result))
     return result
-
-
-def _error_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
 
 
 def _read_host_memory(train_step: TrainStep, batches: Iterator[Any], result: TrialResult, track: bool) -> None:
