@@ -21,7 +21,9 @@ from workbench.measure.result import TrialResult
 
 EARLY_STEPS = 3
 #: Allowed relative loss deviation over the first steps, by the least precise dtype of the pair.
-EARLY_RTOL = {"fp32": 0.005, "fp16": 0.02, "bf16": 0.03}
+#: bf16 at 5%: a correct change (inductor's bf16 kernels against eager bf16, bev-perception tiny, 2
+#: AdamW updates) deviated 3.77% on an Intel host with AMX, under 3% on an AMD one without it.
+EARLY_RTOL = {"fp32": 0.005, "fp16": 0.02, "bf16": 0.05}
 #: Allowed relative difference of the mean loss over the last quarter of the steps.
 TREND_RTOL = 0.2
 _PRECISION_ORDER = ("fp32", "fp16", "bf16")
