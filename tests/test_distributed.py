@@ -365,3 +365,10 @@ def test_a_killed_launcher_takes_torchrun_and_every_rank_with_it() -> None:
     cli.kill()
     cli.communicate()
     assert not still_running_after(processes, within_s=10)
+
+
+def test_the_old_path_of_distributed_findings_warns_and_forwards() -> None:
+    import workbench.distributed as old_home
+
+    with pytest.warns(DeprecationWarning, match="workbench.analysis.ranks"):
+        assert old_home.distributed_findings is distributed_findings
