@@ -17,21 +17,6 @@ from workbench.store.watched import STEP_FIELDS, StepRow
 _MEANS = tuple(f for f in STEP_FIELDS if f not in ("wall_time", "peak_memory_bytes"))
 
 
-@dataclass(frozen=True)
-class StepSample:
-    """One step as measured (milliseconds; None where not seen)."""
-
-    step: int
-    wall_time: float
-    step_ms: float | None
-    data_ms: float | None = None
-    forward_ms: float | None = None
-    backward_ms: float | None = None
-    optimizer_ms: float | None = None
-    peak_memory_bytes: int | None = None
-    loss: float | None = None
-
-
 @dataclass
 class _Bucket:
     first_step: int
@@ -41,7 +26,8 @@ class _Bucket:
     sums: dict[str, float] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
 
-    def add(self, s: StepSample) -> None:
+    def add(self, s: StepRow) -> None:
+        """One measured step (a row of `steps=1`)."""
         self.steps += 1
         self.wall_time = s.wall_time
         if s.peak_memory_bytes is not None:
@@ -75,19 +61,20 @@ class StepHistory:
         self.max_rows = max_rows
         self.stride = 1
         self.buckets: list[_Bucket] = []
-        self.recent: collections.deque[StepSample] = collections.deque(maxlen=max(1, recent))
+        self.recent: collections.deque[StepRow] = collections.deque(maxlen=max(1, recent))
         self.last_step = 0
         self._written = 0  # buckets before this index are stored complete
         self._replaced = False
         self._recent_written = 0  # last step of the recent window already stored
 
-    def add(self, s: StepSample) -> None:
-        self.last_step = s.step
+    def add(self, s: StepRow) -> None:
+        """One measured step: a row of one step (`first_step` is its number)."""
+        self.last_step = s.first_step
         self.recent.append(s)
         if not self.buckets or self.buckets[-1].steps >= self.stride:
             if len(self.buckets) >= self.max_rows:
                 self._halve()
-            self.buckets.append(_Bucket(first_step=s.step))
+            self.buckets.append(_Bucket(first_step=s.first_step))
         self.buckets[-1].add(s)
 
     def rows(self) -> list[StepRow]:
@@ -100,9 +87,9 @@ class StepHistory:
         replaced, self._replaced = self._replaced, False
         # The last bucket may still grow: it is written again until it is complete.
         self._written = max(0, len(self.buckets) - 1)
-        recent = [_single(s) for s in self.recent if s.step > self._recent_written]
+        recent = [s for s in self.recent if s.first_step > self._recent_written]
         self._recent_written = self.last_step
-        first_recent = self.recent[0].step if self.recent else 0
+        first_recent = self.recent[0].first_step if self.recent else 0
         return history, replaced, recent, first_recent
 
     def changes_lost(self) -> None:
@@ -120,8 +107,3 @@ class StepHistory:
         self.buckets = merged
         self.stride *= 2
         self._replaced = True
-
-
-def _single(s: StepSample) -> StepRow:
-    return StepRow(s.step, 1, s.wall_time, s.step_ms, s.data_ms, s.forward_ms, s.backward_ms, s.optimizer_ms,
-                   s.peak_memory_bytes, s.loss)  # fmt: skip

@@ -24,8 +24,8 @@ from workbench.fingerprint import environment_fingerprint
 from workbench.measure.monitor import DeviceMonitor
 from workbench.store import DEFAULT_STORE, StoreArg, default_store_path
 from workbench.store.core import Store
-from workbench.store.watched import flush_watch_run, start_watch_run
-from workbench.watch.steps import StepHistory, StepSample
+from workbench.store.watched import StepRow, flush_watch_run, start_watch_run
+from workbench.watch.steps import StepHistory
 from workbench.watch.summary import run_summary, window_utilization
 
 
@@ -184,7 +184,7 @@ def _elapsed_ms(start: Any, end: Any) -> float:
     return float(start.elapsed_time(end))
 
 
-def _resolve(r: RawStep) -> StepSample:
+def _resolve(r: RawStep) -> StepRow:
     forward = backward = optimizer = None
     if r.forward is not None:
         forward = _elapsed_ms(*r.forward)
@@ -192,8 +192,8 @@ def _resolve(r: RawStep) -> StepSample:
             backward = _elapsed_ms(r.forward[1], r.optimizer[0])
     if r.optimizer is not None:
         optimizer = _elapsed_ms(*r.optimizer)
-    return StepSample(r.step, r.wall_time, _elapsed_ms(r.start, r.end), r.data_s * 1000.0, forward, backward,
-                      optimizer, r.peak_memory_bytes, _loss_value(r.loss))  # fmt: skip
+    return StepRow(r.step, 1, r.wall_time, _elapsed_ms(r.start, r.end), r.data_s * 1000.0, forward, backward,
+                   optimizer, r.peak_memory_bytes, _loss_value(r.loss))  # fmt: skip
 
 
 def _loss_value(loss: Any) -> float | None:
