@@ -93,6 +93,28 @@ def test_every_lever_declares_every_part() -> None:
         assert set(table) <= set(lever.fields), f"{lever.name} lists fields it does not own: {set(table)}"
         assert (lever.snippet is not None) != bool(lever.not_exported.strip()), lever.name
         assert (lever.space is not None) != bool(lever.not_searched.strip()), lever.name
+        assert (lever.apply is not None) != bool(lever.not_in_step.strip()), lever.name
+
+
+def test_build_applies_the_levers_in_the_registrys_order_and_nothing_else() -> None:
+    """Every record in a step's `applied` comes from a lever's own `apply`, in registry order."""
+    from workbench.config import TrainConfig
+    from workbench.levers import LEVERS, build
+    from workbench.levers.registry import lever_of
+    from workbench.workloads import load_workload
+
+    config = TrainConfig(
+        channels_last=True, activation_checkpointing="full", grad_accumulation=2, amp="bf16",
+        activation_memory_budget=0.5, compile="default", compile_backend="aot_eager", intra_op_threads=1,
+        attention_backend="math",
+    )  # fmt: skip
+    step = build(load_workload("bev-perception", "tiny"), config, "cpu")
+    order = [LEVERS.index(lever_of(record.toggle)) for record in step.applied]
+    assert order == sorted(order), [record.toggle for record in step.applied]
+    applied = {lever_of(record.toggle).name for record in step.applied}
+    expected = {"channels_last", "activation_checkpointing", "batching", "amp", "fp32_precision",
+                "intra_op_threads", "activation_memory_budget", "compile", "optimizer", "attention_backend"}  # fmt: skip
+    assert applied == expected
 
 
 def test_every_config_field_but_seed_lr_extra_is_owned_by_exactly_one_lever() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,6 +19,9 @@ from workbench.device import ALWAYS, Availability, bf16_availability, cuda_capab
 from workbench.levers.base import Lever, Space, SpaceContext, probed
 from workbench.levers.fragment import Snippet
 from workbench.levers.record import Applied
+
+if TYPE_CHECKING:
+    from workbench.levers.build import TrainStep
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -86,6 +90,15 @@ def _space(ctx: SpaceContext) -> Space:
     return {"amp": ctx.available("amp")}
 
 
+def _apply(step: TrainStep) -> None:
+    """Autocast's cast cache must be off under CUDA-graph capture."""
+    step.autocast, step.scaler, record = apply_amp(
+        step.config.amp, step.device, cache_enabled=not step.config.cuda_graphs
+    )
+    if record is not None:
+        step.applied.append(record)
+
+
 LEVER = Lever(
     name="amp",
     fields=("amp",),
@@ -93,4 +106,5 @@ LEVER = Lever(
     availability=probed(amp=amp_availability),
     snippet=_snippet,
     space=_space,
+    apply=_apply,
 )

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import warnings
 from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from workbench.config import ConfigError, TrainConfig
@@ -21,7 +21,9 @@ from workbench.levers.amp import ContextFactory
 from workbench.levers.base import Lever, Space, SpaceContext, first_line, probed
 from workbench.levers.fragment import Snippet
 from workbench.levers.record import Applied
-from workbench.workloads.base import Workload
+
+if TYPE_CHECKING:
+    from workbench.levers.build import TrainStep
 
 BACKENDS = {
     "math": SDPBackend.MATH,
@@ -89,14 +91,17 @@ def _space(ctx: SpaceContext) -> Space:
     return {"attention_backend": ctx.available("attention_backend")}
 
 
-def _apply_model(model: nn.Module, config: TrainConfig, workload: Workload) -> Applied | None:
-    """FlexAttention replaces the model's attention call (a module change); a forced SDPA kernel is
-    a context around the step instead (`apply_attention_backend`)."""
-    if config.attention_backend != "flex":
-        return None
-    from workbench.levers.flex_attention import apply_flex_attention
+def _apply(step: TrainStep) -> None:
+    """FlexAttention replaces the model's attention call (a module change, before the wrappers and
+    compile); a forced SDPA kernel is a context around forward and backward instead."""
+    if step.config.attention_backend == "flex":
+        from workbench.levers.flex_attention import apply_flex_attention
 
-    return apply_flex_attention(model)
+        step.applied.append(apply_flex_attention(step.base_model))
+        return
+    step.attention, record = apply_attention_backend(step.config.attention_backend)
+    if record is not None:
+        step.applied.append(record)
 
 
 LEVER = Lever(
@@ -106,5 +111,5 @@ LEVER = Lever(
     availability=probed(attention_backend=attention_availability),
     snippet=_snippet,
     space=_space,
-    apply_model=_apply_model,
+    apply=_apply,
 )

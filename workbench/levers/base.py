@@ -16,11 +16,9 @@ from workbench.device import ALWAYS, Availability
 
 if TYPE_CHECKING:
     import torch
-    from torch import nn
 
+    from workbench.levers.build import TrainStep
     from workbench.levers.fragment import Snippet
-    from workbench.levers.record import Applied
-    from workbench.workloads.base import Workload
 
 Table = dict[str, dict[Any, Availability]]
 """field -> value -> whether that value runs here (and why not)."""
@@ -58,10 +56,13 @@ class Lever:
     open_fields: tuple[str, ...] = ()
     """Fields with open-ended values (numbers, names): validation and `check` judge any value,
     so `availability` lists none (the app shows them as free text)."""
-    apply_model: Callable[[nn.Module, TrainConfig, Workload], Applied | None] | None = None
-    """Changes the model in place (before data parallelism, the optimizer and compile), when the
-    config uses the lever; `build()` calls these in registry order. Levers acting later (wrappers,
-    the optimizer, contexts around the step) are applied by `build()` at their own step."""
+    apply: Callable[[TrainStep], None] | None = None
+    """Applies the lever to the step under construction when the config uses it: changes the
+    model in place, wraps it, sets the optimizer, a context or the graph, and appends its record
+    to `step.applied`. `build()` calls these in registry order (the registry says why that order)."""
+    not_in_step: str = ""
+    """Why the step does not apply this lever, when `apply` is None (the loader feeds the step
+    from outside it)."""
     check: Callable[[TrainConfig, torch.device], None] | None = None
     """Device-dependent refusals beyond the availability table (ConfigError with the fix)."""
     snippet: Callable[[TrainConfig, Snippet], None] | None = None

@@ -7,12 +7,17 @@ by their count); this module only records the choice.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from workbench.config import TrainConfig
 from workbench.levers.base import Lever, Space, SpaceContext, Table
 from workbench.levers.fragment import Snippet
 from workbench.levers.record import Applied
+
+if TYPE_CHECKING:
+    from workbench.levers.build import TrainStep
 
 
 def apply_grad_accumulation(steps: int) -> Applied | None:
@@ -46,6 +51,12 @@ def _space(ctx: SpaceContext) -> Space:
     return {"batch_size": tuple(sizes)}
 
 
+def _apply(step: TrainStep) -> None:
+    record = apply_grad_accumulation(step.config.grad_accumulation)
+    if record is not None:
+        step.applied.append(record)
+
+
 LEVER = Lever(
     name="batching",
     fields=("batch_size", "grad_accumulation"),
@@ -54,4 +65,5 @@ LEVER = Lever(
     open_fields=("batch_size", "grad_accumulation"),
     snippet=_snippet,
     space=_space,
+    apply=_apply,
 )

@@ -22,7 +22,7 @@ import difflib
 import fnmatch
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -32,7 +32,9 @@ from workbench.config import ConfigError, TrainConfig
 from workbench.levers.base import Lever, Space, SpaceContext, always
 from workbench.levers.fragment import Snippet, q
 from workbench.levers.record import Applied, name_list
-from workbench.workloads.base import Workload
+
+if TYPE_CHECKING:
+    from workbench.levers.build import TrainStep
 
 _MARK = "_workbench_checkpoint"
 """Attribute set on a wrapped module (value: the policy), so wrapping is never applied twice."""
@@ -251,12 +253,18 @@ def _space(ctx: SpaceContext) -> Space:
     return {"activation_checkpointing": ("off", "full", "selective")}
 
 
-def _apply_model(model: nn.Module, config: TrainConfig, workload: Workload) -> Applied | None:
-    if config.activation_checkpointing == "off":
-        return None
-    return apply_activation_checkpointing(
-        model, config.activation_checkpointing, config.checkpoint_target, workload.checkpoint_target, workload.name
-    )
+def _apply(step: TrainStep) -> None:
+    config, workload = step.config, step.workload
+    if config.activation_checkpointing != "off":
+        step.applied.append(
+            apply_activation_checkpointing(
+                step.base_model,
+                config.activation_checkpointing,
+                config.checkpoint_target,
+                workload.checkpoint_target,
+                workload.name,
+            )
+        )
 
 
 LEVER = Lever(
@@ -267,5 +275,5 @@ LEVER = Lever(
     open_fields=("checkpoint_target",),
     snippet=_snippet,
     space=_space,
-    apply_model=_apply_model,
+    apply=_apply,
 )

@@ -12,7 +12,7 @@ import functools
 import importlib.util
 import shutil
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -22,6 +22,9 @@ from workbench.device import ALWAYS, Availability
 from workbench.levers.base import Lever, Space, SpaceContext, Table
 from workbench.levers.fragment import Snippet, call, q
 from workbench.levers.record import Applied
+
+if TYPE_CHECKING:
+    from workbench.levers.build import TrainStep
 
 
 def apply_compile(model: nn.Module, config: TrainConfig) -> tuple[nn.Module, Applied]:
@@ -123,6 +126,14 @@ def searched_compile_modes(caps: Mapping[str, Mapping[Any, Availability]]) -> tu
     return tuple(v for v in ("off", "default") if caps["compile"][v].available)
 
 
+def _apply(step: TrainStep) -> None:
+    """Last among the module changes: it traces the final (wrapped) forward with the contexts of
+    the levers before it active, so they are compiled in."""
+    if step.config.compile != "off":
+        step.model, record = apply_compile(step.model, step.config)
+        step.applied.append(record)
+
+
 LEVER = Lever(
     name="compile",
     fields=("compile", "compile_fullgraph", "compile_dynamic", "compile_backend"),
@@ -132,4 +143,5 @@ LEVER = Lever(
     check=_check,
     snippet=_snippet,
     space=_space,
+    apply=_apply,
 )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +23,9 @@ from workbench.levers.base import Lever, Space, SpaceContext, Table
 from workbench.levers.compile import compile_availability
 from workbench.levers.fragment import Snippet, call, comment, q
 from workbench.levers.record import Applied
+
+if TYPE_CHECKING:
+    from workbench.levers.build import TrainStep
 
 
 class CompiledAutogradUnavailable(ConfigError):
@@ -116,6 +119,14 @@ def _space(ctx: SpaceContext) -> Space:
     return {} if ctx.compile_modes == ("off",) else {"compiled_autograd": ctx.available("compiled_autograd")}
 
 
+def _apply(step: TrainStep) -> None:
+    """A context around each backward; after compile, whose compiled forward makes that graph."""
+    backward_compile, record = apply_compiled_autograd(step.config)
+    if backward_compile is not None and record is not None:
+        step.backward_contexts.append(backward_compile)
+        step.applied.append(record)
+
+
 LEVER = Lever(
     name="compiled_autograd",
     fields=("compiled_autograd",),
@@ -123,4 +134,5 @@ LEVER = Lever(
     availability=_availability,
     snippet=_snippet,
     space=_space,
+    apply=_apply,
 )

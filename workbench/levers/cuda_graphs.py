@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -28,6 +28,9 @@ from workbench.levers.checkpointing import checkpointed_modules
 from workbench.levers.fragment import Snippet
 from workbench.levers.record import Applied
 from workbench.workloads.base import map_tensors
+
+if TYPE_CHECKING:
+    from workbench.levers.build import TrainStep
 
 WARMUP_ITERS = 3
 """Eager iterations before capture: lazy initialisation (cuBLAS handles, optimizer state,
@@ -267,6 +270,13 @@ def _space(ctx: SpaceContext) -> Space:
     return {"cuda_graphs": ctx.available("cuda_graphs")}
 
 
+def _apply(step: TrainStep) -> None:
+    """Captures the step exactly as it finally runs (compiled, checkpointed, AMP): last."""
+    if step.config.cuda_graphs:
+        step.graphed, record = apply_cuda_graphs(step.eager_step, step.base_model, step.optimizer, step.device)
+        step.applied.append(record)
+
+
 LEVER = Lever(
     name="cuda_graphs",
     fields=("cuda_graphs",),
@@ -274,4 +284,5 @@ LEVER = Lever(
     availability=probed(cuda_graphs=cuda_graphs_availability),
     snippet=_snippet,
     space=_space,
+    apply=_apply,
 )

@@ -10,7 +10,7 @@ the launcher (`workbench.distributed`); this module never creates one.
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -20,6 +20,9 @@ from workbench.device import ALWAYS, Availability, bf16_availability, cpu_cores,
 from workbench.levers.base import Lever, Table, always, probed
 from workbench.levers.checkpointing import find_targets, resolve_target
 from workbench.levers.record import Applied, name_list
+
+if TYPE_CHECKING:
+    from workbench.levers.build import TrainStep
 
 DEFAULT_BUCKET_CAP_MB = 25.0
 """DistributedDataParallel's own default bucket size, reported when the config leaves it unset."""
@@ -236,6 +239,17 @@ def _check(config: TrainConfig, dev: torch.device) -> None:
             raise ConfigError(f"nproc_per_node={config.nproc_per_node} is not available on {dev}: {world.reason}")
 
 
+def _apply(step: TrainStep) -> None:
+    """After the model changes, whose modules the wrappers must contain; before the optimizer,
+    because FSDP2 swaps the parameters for sharded DTensors; before compile, which traces the
+    wrapped forward."""
+    if step.config.strategy != "none":
+        step.model, record = apply_data_parallel(
+            step.base_model, step.config, step.device, step.workload.checkpoint_target
+        )
+        step.applied.append(record)
+
+
 LEVER = Lever(
     name="data_parallel",
     fields=(
@@ -257,4 +271,5 @@ LEVER = Lever(
     not_exported="the snippet is one process's step; a distributed run is exported as its torchrun command "
     "(`workbench export --format command`), which runs the workbench's own rank entry point",
     not_searched="distributed tuning is not supported yet; tune one process, then scale out",
+    apply=_apply,
 )

@@ -15,7 +15,7 @@ import fnmatch
 import importlib.util
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -25,7 +25,9 @@ from workbench.device import ALWAYS, Availability, cuda_capability
 from workbench.levers.base import Lever, Space, SpaceContext, probed
 from workbench.levers.fragment import Snippet, call, q
 from workbench.levers.record import Applied, name_list
-from workbench.workloads.base import Workload
+
+if TYPE_CHECKING:
+    from workbench.levers.build import TrainStep
 
 FLOAT8_CAPABILITY = (8, 9)
 """Ada/Hopper: the first NVIDIA generations with float8 tensor cores (`torch._scaled_mm`)."""
@@ -204,8 +206,9 @@ def _space(ctx: SpaceContext) -> Space:
     return {} if ctx.compile_modes == ("off",) else {"float8": ctx.available("float8")}
 
 
-def _apply_model(model: nn.Module, config: TrainConfig, workload: Workload) -> Applied | None:
-    return apply_float8(model, config.float8) if config.float8 != "off" else None
+def _apply(step: TrainStep) -> None:
+    if step.config.float8 != "off":
+        step.applied.append(apply_float8(step.base_model, step.config.float8))
 
 
 LEVER = Lever(
@@ -215,5 +218,5 @@ LEVER = Lever(
     availability=probed(float8=float8_availability),
     snippet=_snippet,
     space=_space,
-    apply_model=_apply_model,
+    apply=_apply,
 )

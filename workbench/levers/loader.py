@@ -55,4 +55,5 @@ LEVER = Lever(
     open_fields=("num_workers", "prefetch_factor"),
     snippet=_snippet,
     space=_space,
+    not_in_step="the loader is built beside the step (workbench.workloads) and feeds it batches from outside",
 )

@@ -15,7 +15,7 @@ does not compile its own.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,6 +26,9 @@ from workbench.levers.base import Lever, Space, SpaceContext, Table
 from workbench.levers.compile import compile_availability
 from workbench.levers.fragment import Snippet, comment
 from workbench.levers.record import Applied
+
+if TYPE_CHECKING:
+    from workbench.levers.build import TrainStep
 
 CONFIG_NAME = "activation_memory_budget"
 
@@ -117,6 +120,16 @@ def _space(ctx: SpaceContext) -> Space:
     return {"activation_memory_budget": ctx.available("activation_memory_budget", (1.0, 0.5))}
 
 
+def _apply(step: TrainStep) -> None:
+    """Read when the first forward compiles forward and backward together: a context around
+    forward, like autocast, so it is compiled in."""
+    budget, record = apply_activation_memory_budget(step.config.activation_memory_budget)
+    if budget is not None:
+        step.compile_contexts.append(budget)
+    if record is not None:
+        step.applied.append(record)
+
+
 LEVER = Lever(
     name="activation_memory_budget",
     fields=("activation_memory_budget",),
@@ -124,4 +137,5 @@ LEVER = Lever(
     availability=_availability,
     snippet=_snippet,
     space=_space,
+    apply=_apply,
 )

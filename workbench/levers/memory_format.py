@@ -6,7 +6,7 @@ step (optimizer state created `zeros_like` the parameters, compiled kernels) see
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -15,7 +15,10 @@ from workbench.config import TrainConfig
 from workbench.levers.base import Lever, Space, SpaceContext, always
 from workbench.levers.fragment import Snippet
 from workbench.levers.record import Applied
-from workbench.workloads.base import Workload, map_tensors
+from workbench.workloads.base import map_tensors
+
+if TYPE_CHECKING:
+    from workbench.levers.build import TrainStep
 
 
 def apply_channels_last(model: nn.Module) -> Applied:
@@ -70,8 +73,9 @@ def _space(ctx: SpaceContext) -> Space:
     return {"channels_last": (False, True)}
 
 
-def _apply_model(model: nn.Module, config: TrainConfig, workload: Workload) -> Applied | None:
-    return apply_channels_last(model) if config.channels_last else None
+def _apply(step: TrainStep) -> None:
+    if step.config.channels_last:
+        step.applied.append(apply_channels_last(step.base_model))
 
 
 LEVER = Lever(
@@ -81,5 +85,5 @@ LEVER = Lever(
     availability=always("channels_last"),
     snippet=_snippet,
     space=_space,
-    apply_model=_apply_model,
+    apply=_apply,
 )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -25,7 +25,9 @@ from workbench.levers.base import Lever, Space, SpaceContext, Table
 from workbench.levers.checkpointing import _no_match_message, find_targets, resolve_target
 from workbench.levers.fragment import Snippet, q
 from workbench.levers.record import Applied, name_list
-from workbench.workloads.base import Workload
+
+if TYPE_CHECKING:
+    from workbench.levers.build import TrainStep
 
 _MARK = "_workbench_offload"
 """Attribute set on a wrapped module, so offloading is never applied twice."""
@@ -183,10 +185,14 @@ def _space(ctx: SpaceContext) -> Space:
     return {"activation_offload": ctx.available("activation_offload")}
 
 
-def _apply_model(model: nn.Module, config: TrainConfig, workload: Workload) -> Applied | None:
-    if config.activation_offload == "off":
-        return None
-    return apply_activation_offload(model, config.activation_offload, workload.checkpoint_target, workload.name)
+def _apply(step: TrainStep) -> None:
+    config, workload = step.config, step.workload
+    if config.activation_offload != "off":
+        step.applied.append(
+            apply_activation_offload(
+                step.base_model, config.activation_offload, workload.checkpoint_target, workload.name
+            )
+        )
 
 
 LEVER = Lever(
@@ -197,5 +203,5 @@ LEVER = Lever(
     check=_check,
     snippet=_snippet,
     space=_space,
-    apply_model=_apply_model,
+    apply=_apply,
 )

@@ -15,7 +15,7 @@ against the kernels that really run.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -25,6 +25,9 @@ from workbench.device import ALWAYS, Availability
 from workbench.levers.base import Lever, Space, SpaceContext, Table, first_line
 from workbench.levers.fragment import Snippet, call, comment
 from workbench.levers.record import Applied
+
+if TYPE_CHECKING:
+    from workbench.levers.build import TrainStep
 
 SGD_MOMENTUM = 0.9
 
@@ -161,6 +164,16 @@ def _space(ctx: SpaceContext) -> Space:
     return {"optimizer_impl": ctx.available("optimizer_impl")}
 
 
+def _apply(step: TrainStep) -> None:
+    """Once the model is final, so the optimizer holds the parameters that train; CUDA graphs need
+    capturable Adam(W) (the step counter on the device), so that is decided here already."""
+    config = step.config
+    step.optimizer, record = apply_optimizer(
+        step.base_model, config.optimizer, config.optimizer_impl, config.lr, capturable=config.cuda_graphs
+    )
+    step.applied.append(record)
+
+
 LEVER = Lever(
     name="optimizer",
     fields=("optimizer", "optimizer_impl"),
@@ -168,4 +181,5 @@ LEVER = Lever(
     availability=_availability,
     snippet=_snippet,
     space=_space,
+    apply=_apply,
 )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,6 +23,9 @@ from workbench.levers.amp import ContextFactory
 from workbench.levers.base import Lever, Space, SpaceContext, probed
 from workbench.levers.fragment import Snippet, comment, q
 from workbench.levers.record import Applied
+
+if TYPE_CHECKING:
+    from workbench.levers.build import TrainStep
 
 PRECISIONS = ("highest", "high", "medium")
 
@@ -117,6 +121,12 @@ def _space(ctx: SpaceContext) -> Space:
     return {"matmul_precision": ctx.available("matmul_precision")}
 
 
+def _apply(step: TrainStep) -> None:
+    """Always recorded: a result must say which precision its kernels ran with, defaults included."""
+    step.precision, records = apply_fp32_precision(step.config.matmul_precision, step.config.cudnn_tf32, step.device)
+    step.applied.extend(records)
+
+
 LEVER = Lever(
     name="fp32_precision",
     fields=("matmul_precision", "cudnn_tf32"),
@@ -124,4 +134,5 @@ LEVER = Lever(
     availability=probed(matmul_precision=matmul_precision_availability, cudnn_tf32=cudnn_tf32_availability),
     snippet=_snippet,
     space=_space,
+    apply=_apply,
 )

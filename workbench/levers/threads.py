@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,6 +20,9 @@ from workbench.levers.amp import ContextFactory
 from workbench.levers.base import Lever, Table
 from workbench.levers.fragment import Snippet, comment
 from workbench.levers.record import Applied
+
+if TYPE_CHECKING:
+    from workbench.levers.build import TrainStep
 
 
 @contextmanager
@@ -80,6 +84,12 @@ def _snippet(config: TrainConfig, snippet: Snippet) -> None:
     snippet.statements.append("\n".join([*comment(why, indent="# "), code]))
 
 
+def _apply(step: TrainStep) -> None:
+    """Always recorded: the count PyTorch picks differs by host."""
+    step.threads, record = apply_intra_op_threads(step.config.intra_op_threads)
+    step.applied.append(record)
+
+
 LEVER = Lever(
     name="intra_op_threads",
     fields=("intra_op_threads",),
@@ -88,4 +98,5 @@ LEVER = Lever(
     snippet=_snippet,
     not_searched="not in the default space: the best count depends on what else shares the host; "
     "name intra_op_threads in a space file to search it",
+    apply=_apply,
 )
