@@ -8,13 +8,18 @@ for the comparison), so the help text, the app and the API cannot drift apart.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
 from typing import Any
 
-from workbench.config import ConfigError, TrainConfig
+from workbench.measure.arguments import (  # noqa: F401  (the commands import them from here)
+    add_device_arg,
+    add_set_arg,
+    add_warmup_arg,
+    add_window_args,
+    add_workload_args,
+    config_from,
+)
 from workbench.measure.request import TrialRequest
 from workbench.protocol import Protocol
-from workbench.workloads.registry import DEFAULT_WORKLOAD, PRESETS
 
 EXIT_FAILED_TRIAL = 1
 EXIT_USAGE = 2
@@ -22,19 +27,6 @@ EXIT_USAGE = 2
 
 class UsageError(Exception):
     """Bad command-line input: printed as one line, exit code 2."""
-
-
-def add_set_arg(p: argparse.ArgumentParser, help: str | None = None) -> None:
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V[,K=V]", help=help)
-
-
-def add_workload_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", default=DEFAULT_WORKLOAD, help="built-in name or package.module:function")
-    p.add_argument("--preset", default="tiny", choices=PRESETS)
-
-
-def add_device_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when present)")
 
 
 def add_output_args(p: argparse.ArgumentParser) -> None:
@@ -46,19 +38,11 @@ def add_trial_args(
     p: argparse.ArgumentParser, steps: int = TrialRequest.steps, steps_help: str = "timed steps"
 ) -> None:
     """The trial window; its defaults are `TrialRequest`'s, the same as the API's and the app's."""
-    add_workload_args(p)
-    p.add_argument("--steps", type=int, default=steps, help=f"{steps_help} (default {steps})")
-    add_warmup_arg(p)
-    add_device_arg(p)
+    add_window_args(p, steps, steps_help)
     p.add_argument("--timeout", type=float, default=None, metavar="S",
                    help="end a trial that makes no progress for S seconds once started (status 'timeout'); "
                         "the worker's start-up gets 60 s more")  # fmt: skip
     add_output_args(p)
-
-
-def add_warmup_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--warmup", type=int, default=TrialRequest.warmup,
-                   help=f"untimed warm-up steps (default {TrialRequest.warmup})")  # fmt: skip
 
 
 def add_store_arg(p: argparse.ArgumentParser, saving: bool = False) -> None:
@@ -103,34 +87,3 @@ def protocol_from(args: argparse.Namespace, **fixed: Any) -> Protocol:
         fixed = {"paired_workers": args.paired_workers, **fixed}
     return Protocol(precision=args.precision, budget_s=args.budget, design=getattr(args, "design", "processes"),
                     confidence=args.confidence, **fixed)  # fmt: skip
-
-
-def config_from(overrides: Sequence[str], base: TrainConfig | None = None) -> TrainConfig:
-    """Every --set at once, validated together: `--set prefetch_factor=4 --set num_workers=2` is one
-    valid configuration, whatever the order (later flags win for the same field)."""
-    from workbench.config import parse_overrides
-
-    config = base or TrainConfig()
-    changes: dict[str, Any] = {}
-    for text in overrides:
-        parsed = parse_overrides(text)
-        extra = {**changes.get("extra", {}), **parsed.pop("extra", {})}
-        changes.update(parsed)
-        if extra:
-            changes["extra"] = extra
-    if "extra" in changes:
-        changes["extra"] = {**config.extra, **changes["extra"]}
-    return config.replace(**changes)
-
-
-def check_on_device(configs: Sequence[TrainConfig], device: str | None, labels: Sequence[str]) -> None:
-    """Refuse any configuration this device cannot run before the first trial measures (and stores) anything."""
-    from workbench.device import resolve_device
-    from workbench.levers import check_config
-
-    dev = resolve_device(device)
-    for config, label in zip(configs, labels):
-        try:
-            check_config(config, dev)
-        except ConfigError as exc:
-            raise ConfigError(f"{label}: {exc}") from None

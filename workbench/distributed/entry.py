@@ -22,12 +22,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from workbench.config import ConfigError, TrainConfig
+from workbench.config import ConfigError
 from workbench.distributed.channel import RankWriter
+from workbench.measure.arguments import add_set_arg, add_window_args, request_from
 from workbench.measure.outcome import status_of
 from workbench.measure.request import TrialRequest
 from workbench.workloads.base import WorkloadError
-from workbench.workloads.registry import PRESETS
 
 EXIT_INPUT_ERROR = 2
 PG_TIMEOUT_S = 600.0
@@ -39,12 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m workbench.distributed", description=__doc__)
     parser.add_argument("--request", help="the trial in its wire form (TrialRequest.to_wire): a JSON file or text")
     parser.add_argument("--events", help="directory the ranks report into (launcher only)")
-    parser.add_argument("--workload", default="bev-perception", help="built-in name or package.module:function")
-    parser.add_argument("--preset", default="tiny", choices=PRESETS)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when present")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V[,K=V]")
+    add_window_args(parser)
+    add_set_arg(parser)
     parser.add_argument("--out", help="rank 0 writes the TrialResult JSON here")
     parser.add_argument("--timeout", type=float, default=None, help="collective timeout in seconds")
     return parser
@@ -126,11 +122,7 @@ def _request(args: argparse.Namespace) -> TrialRequest:
     if args.request:
         text = args.request if args.request.lstrip().startswith("{") else Path(args.request).read_text()
         return TrialRequest.from_wire(json.loads(text))
-    config = TrainConfig()
-    for text in args.overrides:
-        config = config.with_overrides(text)
-    return TrialRequest.of(args.workload, config, warmup=args.warmup, steps=args.steps, preset=args.preset,
-                           device=args.device, timeout_s=args.timeout)  # fmt: skip
+    return request_from(args, timeout_s=args.timeout)
 
 
 def _event_sink(rank: int, send: Any, standalone: bool) -> Any:

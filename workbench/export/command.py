@@ -7,15 +7,17 @@ import shlex
 from typing import Any
 
 from workbench.config import ConfigError, TrainConfig, field_names
+from workbench.measure.request import TrialRequest
+from workbench.workloads.registry import DEFAULT_WORKLOAD
 
 
 def to_command(
     config: TrainConfig,
     *,
-    workload: str = "bev-perception",
-    preset: str = "tiny",
-    steps: int = 20,
-    warmup: int = 3,
+    workload: str = DEFAULT_WORKLOAD,
+    preset: str = TrialRequest.preset,
+    steps: int = TrialRequest.steps,
+    warmup: int = TrialRequest.warmup,
     nproc_per_node: int | None = None,
 ) -> str:
     """The `workbench run` command that measures `config` (one `--set` per non-default field).
