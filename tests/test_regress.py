@@ -297,6 +297,19 @@ def test_regress_bad_input_is_one_line_and_exit_2(
     assert err.count("\n") == 1 and expected in err and err.startswith("workbench regress: error:")
 
 
+def test_regress_refuses_a_configuration_this_device_cannot_run_before_measuring(
+    history: Store, tmp_path: Path, capsys: Any
+) -> None:
+    """The protocol checks every suite row on the device before the first trial, naming the row."""
+    suite = write_suite(tmp_path, configurations=[{"name": "plain", "config": ""},
+                                                  {"name": "graphed", "config": "cuda_graphs=true"}])  # fmt: skip
+    before = len(history.trials())
+    assert main(["regress", "--suite", suite, "--store", str(history.path), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "graphed: cuda_graphs=True is not available on cpu" in err and err.count("\n") == 1
+    assert len(history.trials()) == before  # nothing measured, nothing stored
+
+
 # --- the History view --------------------------------------------------------------------------------
 
 

@@ -12,7 +12,6 @@ from workbench.cli.options import (
     add_output_args,
     add_protocol_args,
     add_store_arg,
-    check_on_device,
     protocol_from,
 )
 
@@ -55,8 +54,6 @@ def _cmd_regress(args: argparse.Namespace) -> int:
     if args.watched is not None:
         return _regress_watched(args)
     suite = load_suite(args.suite)
-    if not args.from_store:
-        check_on_device([c.config for c in suite.configurations], args.device, [c.name for c in suite.configurations])
     repeats = suite.repeats if args.repeats is None else args.repeats
     if repeats < 1:
         raise UsageError(f"--repeats must be >= 1, got {repeats}")

@@ -12,7 +12,6 @@ from workbench.cli.options import (
     add_set_arg,
     add_store_arg,
     add_trial_args,
-    check_on_device,
     config_from,
     protocol_from,
     store_arg,
@@ -69,9 +68,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     baseline = config_from([args.baseline])
     candidates = [config_from([text], base=baseline) for text in args.candidate]
     protocol = protocol_from(args)
-    check_on_device([baseline, *candidates], args.device, ["baseline", *(f"candidate '{c}'" for c in args.candidate)])
+    # The protocol checks every configuration before it measures anything; labelled with the
+    # candidate's own --candidate text, a refusal names the flag to fix (and so does the history).
+    labels = ["baseline", *(f"candidate '{c}'" for c in args.candidate)]
     with ProgressLine(enabled=not args.quiet and not args.json) as progress:
-        outcome = run_comparison(args.workload, baseline, candidates, protocol=protocol, warmup=args.warmup,
+        outcome = run_comparison(args.workload, baseline, candidates, protocol=protocol, labels=labels, warmup=args.warmup,
                                  steps=args.steps, device=args.device, preset=args.preset, on_event=progress,
                                  timeout_s=args.timeout, store=store_arg(args))  # fmt: skip
     if args.json:
