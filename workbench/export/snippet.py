@@ -113,51 +113,18 @@ def _header(config: TrainConfig, device: str) -> list[str]:
 
 
 def _what(name: str, value: Any, config: TrainConfig) -> str:
-    """What a non-default field does, said for its value; the field's docstring otherwise."""
-    described: dict[str, Any] = {
-        "amp": {"bf16": "bfloat16 autocast, no loss scaling needed", "fp16": "float16 autocast with a GradScaler"},
-        "compile": "torch.compile of the model" + ("" if value == "default" else f", mode {value}"),
-        "compile_fullgraph": "compile fails on graph breaks instead of running them eagerly",
-        "compile_dynamic": {True: "compile for dynamic shapes", False: "compile for static shapes only"},
-        "compile_backend": f"compile with the {value} backend"
-        + ("" if config.compile == "default" else " (no mode: only inductor takes one)"),
-        "activation_checkpointing": {
-            "full": "recompute the target modules' activations in backward",
-            "selective": "recompute the target modules' cheap ops, keep matmul/conv/attention outputs",
-        },
-        "checkpoint_target": "the modules to checkpoint (class name or name glob)",
-        "cuda_graphs": "capture the whole step as one CUDA graph and replay it",
-        "channels_last": "NHWC memory format for 4-D weights and inputs",
-        "matmul_precision": f"float32 matmuls may use {'TF32' if value == 'high' else 'bfloat16 kernels'}",
-        "cudnn_tf32": {False: "strict fp32 convolutions (cuDNN may not use TF32)"},
-        "optimizer": "SGD with momentum 0.9 instead of AdamW",
-        "optimizer_impl": {
-            "for-loop": "one optimizer kernel per parameter",
-            "foreach": "batched (foreach) optimizer kernels",
-            "fused": "fused optimizer kernel",
-        },
-        "lr": "learning rate",
-        "attention_backend": "attention through FlexAttention (fused under torch.compile)"
-        if value == "flex"
-        else f"scaled_dot_product_attention forced to the {value} kernel",
-        "batch_size": "samples per micro-batch",
-        "grad_accumulation": "micro-batches per optimizer step",
-        "num_workers": "DataLoader worker processes",
-        "pin_memory": "page-locked batches for asynchronous copies to the GPU",
-        "prefetch_factor": "batches each loader worker loads ahead",
-        "persistent_workers": "loader workers stay alive between epochs",
-        "seed": "seed of the initial weights and the data order",
-        "intra_op_threads": f"{value} CPU thread(s) per operator (torch.set_num_threads)",
-        "activation_offload": "saved activations of these modules wait in pinned host memory",
-        "float8": f"float8 GEMMs ({value} scales) for the nn.Linear layers large enough to gain",
-        "compiled_autograd": "each backward's whole autograd graph captured and compiled too",
-        "activation_memory_budget": "share of the compiled graph's saved activations kept; the rest recomputed",
-        "extra": "options of the workbench's workload; not part of the training step",
-    }
-    what = described.get(name)
-    if isinstance(what, dict):
-        what = what.get(value)
-    return str(what) if what is not None else field_doc(name)
+    """What a non-default field does, said for its value by its lever; the field's docstring otherwise."""
+    owner = next((lever for lever in registry.LEVERS if name in lever.fields), None)
+    what = owner.describe(name, value, config) if owner is not None and owner.describe is not None else None
+    return what or _NOT_LEVERS.get(name) or field_doc(name)
+
+
+#: The words for the fields no lever owns (they say what is trained, not how fast).
+_NOT_LEVERS = {
+    "lr": "learning rate",
+    "seed": "seed of the initial weights and the data order",
+    "extra": "options of the workbench's workload; not part of the training step",
+}
 
 
 def _optimize_model(snippet: Snippet) -> str:

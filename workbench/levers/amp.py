@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -99,6 +99,12 @@ def _apply(step: TrainStep) -> None:
         step.applied.append(record)
 
 
+def _describe(name: str, value: Any, config: TrainConfig) -> str | None:
+    return {"bf16": "bfloat16 autocast, no loss scaling needed", "fp16": "float16 autocast with a GradScaler"}.get(
+        value
+    )
+
+
 LEVER = Lever(
     name="amp",
     fields=("amp",),
@@ -107,4 +113,5 @@ LEVER = Lever(
     snippet=_snippet,
     space=_space,
     apply=_apply,
+    describe=_describe,
 )

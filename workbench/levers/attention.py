@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -104,6 +104,12 @@ def _apply(step: TrainStep) -> None:
         step.applied.append(record)
 
 
+def _describe(name: str, value: Any, config: TrainConfig) -> str | None:
+    if value == "flex":
+        return "attention through FlexAttention (fused under torch.compile)"
+    return f"scaled_dot_product_attention forced to the {value} kernel"
+
+
 LEVER = Lever(
     name="attention_backend",
     fields=("attention_backend",),
@@ -112,4 +118,5 @@ LEVER = Lever(
     snippet=_snippet,
     space=_space,
     apply=_apply,
+    describe=_describe,
 )

@@ -69,6 +69,9 @@ class Lever:
     """Adds this lever's statements to the exported snippet's sections when the config uses it."""
     not_exported: str = ""
     """Why the snippet leaves this lever out, when `snippet` is None."""
+    describe: Callable[[str, Any, TrainConfig], str | None] | None = None
+    """The exported snippet's header words for a non-default value of one of its fields, said for
+    that value; None (or no answer) uses the field's docstring."""
     space: Callable[[SpaceContext], Space] | None = None
     """The values the tuner tries by default; None with `not_searched` saying why not."""
     not_searched: str = ""

@@ -7,7 +7,7 @@ by their count); this module only records the choice.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -57,6 +57,10 @@ def _apply(step: TrainStep) -> None:
         step.applied.append(record)
 
 
+def _describe(name: str, value: Any, config: TrainConfig) -> str | None:
+    return "samples per micro-batch" if name == "batch_size" else "micro-batches per optimizer step"
+
+
 LEVER = Lever(
     name="batching",
     fields=("batch_size", "grad_accumulation"),
@@ -66,4 +70,5 @@ LEVER = Lever(
     snippet=_snippet,
     space=_space,
     apply=_apply,
+    describe=_describe,
 )

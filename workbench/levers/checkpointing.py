@@ -267,6 +267,15 @@ def _apply(step: TrainStep) -> None:
         )
 
 
+def _describe(name: str, value: Any, config: TrainConfig) -> str | None:
+    if name == "checkpoint_target":
+        return "the modules to checkpoint (class name or name glob)"
+    return {
+        "full": "recompute the target modules' activations in backward",
+        "selective": "recompute the target modules' cheap ops, keep matmul/conv/attention outputs",
+    }.get(value)
+
+
 LEVER = Lever(
     name="activation_checkpointing",
     fields=("activation_checkpointing", "checkpoint_target"),
@@ -276,4 +285,5 @@ LEVER = Lever(
     snippet=_snippet,
     space=_space,
     apply=_apply,
+    describe=_describe,
 )

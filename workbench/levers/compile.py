@@ -134,6 +134,17 @@ def _apply(step: TrainStep) -> None:
         step.applied.append(record)
 
 
+def _describe(name: str, value: Any, config: TrainConfig) -> str | None:
+    if name == "compile":
+        return "torch.compile of the model" + ("" if value == "default" else f", mode {value}")
+    if name == "compile_fullgraph":
+        return "compile fails on graph breaks instead of running them eagerly"
+    if name == "compile_dynamic":
+        return {True: "compile for dynamic shapes", False: "compile for static shapes only"}.get(value)
+    mode = "" if config.compile == "default" else " (no mode: only inductor takes one)"
+    return f"compile with the {value} backend{mode}"
+
+
 LEVER = Lever(
     name="compile",
     fields=("compile", "compile_fullgraph", "compile_dynamic", "compile_backend"),
@@ -144,4 +155,5 @@ LEVER = Lever(
     snippet=_snippet,
     space=_space,
     apply=_apply,
+    describe=_describe,
 )

@@ -127,6 +127,10 @@ def _apply(step: TrainStep) -> None:
         step.applied.append(record)
 
 
+def _describe(name: str, value: Any, config: TrainConfig) -> str | None:
+    return "each backward's whole autograd graph captured and compiled too"
+
+
 LEVER = Lever(
     name="compiled_autograd",
     fields=("compiled_autograd",),
@@ -135,4 +139,5 @@ LEVER = Lever(
     snippet=_snippet,
     space=_space,
     apply=_apply,
+    describe=_describe,
 )

@@ -277,6 +277,10 @@ def _apply(step: TrainStep) -> None:
         step.applied.append(record)
 
 
+def _describe(name: str, value: Any, config: TrainConfig) -> str | None:
+    return "capture the whole step as one CUDA graph and replay it"
+
+
 LEVER = Lever(
     name="cuda_graphs",
     fields=("cuda_graphs",),
@@ -285,4 +289,5 @@ LEVER = Lever(
     snippet=_snippet,
     space=_space,
     apply=_apply,
+    describe=_describe,
 )

@@ -211,6 +211,10 @@ def _apply(step: TrainStep) -> None:
         step.applied.append(apply_float8(step.base_model, step.config.float8))
 
 
+def _describe(name: str, value: Any, config: TrainConfig) -> str | None:
+    return f"float8 GEMMs ({value} scales) for the nn.Linear layers large enough to gain"
+
+
 LEVER = Lever(
     name="float8",
     fields=("float8",),
@@ -219,4 +223,5 @@ LEVER = Lever(
     snippet=_snippet,
     space=_space,
     apply=_apply,
+    describe=_describe,
 )

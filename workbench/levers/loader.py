@@ -6,6 +6,8 @@ nothing to apply: a loader-bound step (the GPU waiting for batches) is what they
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from workbench.config import TrainConfig
@@ -47,6 +49,15 @@ def _space(ctx: SpaceContext) -> Space:
     }
 
 
+def _describe(name: str, value: Any, config: TrainConfig) -> str | None:
+    return {
+        "num_workers": "DataLoader worker processes",
+        "pin_memory": "page-locked batches for asynchronous copies to the GPU",
+        "prefetch_factor": "batches each loader worker loads ahead",
+        "persistent_workers": "loader workers stay alive between epochs",
+    }.get(name)
+
+
 LEVER = Lever(
     name="data_loader",
     fields=("num_workers", "pin_memory", "prefetch_factor", "persistent_workers"),
@@ -56,4 +67,5 @@ LEVER = Lever(
     snippet=_snippet,
     space=_space,
     not_in_step="the loader is built beside the step (workbench.workloads) and feeds it batches from outside",
+    describe=_describe,
 )

@@ -130,6 +130,10 @@ def _apply(step: TrainStep) -> None:
         step.applied.append(record)
 
 
+def _describe(name: str, value: Any, config: TrainConfig) -> str | None:
+    return "share of the compiled graph's saved activations kept; the rest recomputed"
+
+
 LEVER = Lever(
     name="activation_memory_budget",
     fields=("activation_memory_budget",),
@@ -138,4 +142,5 @@ LEVER = Lever(
     snippet=_snippet,
     space=_space,
     apply=_apply,
+    describe=_describe,
 )

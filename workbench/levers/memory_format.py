@@ -78,6 +78,10 @@ def _apply(step: TrainStep) -> None:
         step.applied.append(apply_channels_last(step.base_model))
 
 
+def _describe(name: str, value: Any, config: TrainConfig) -> str | None:
+    return "NHWC memory format for 4-D weights and inputs"
+
+
 LEVER = Lever(
     name="channels_last",
     fields=("channels_last",),
@@ -86,4 +90,5 @@ LEVER = Lever(
     snippet=_snippet,
     space=_space,
     apply=_apply,
+    describe=_describe,
 )

@@ -195,6 +195,10 @@ def _apply(step: TrainStep) -> None:
         )
 
 
+def _describe(name: str, value: Any, config: TrainConfig) -> str | None:
+    return "saved activations of these modules wait in pinned host memory"
+
+
 LEVER = Lever(
     name="activation_offload",
     fields=("activation_offload",),
@@ -204,4 +208,5 @@ LEVER = Lever(
     snippet=_snippet,
     space=_space,
     apply=_apply,
+    describe=_describe,
 )

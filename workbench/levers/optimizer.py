@@ -174,6 +174,16 @@ def _apply(step: TrainStep) -> None:
     step.applied.append(record)
 
 
+def _describe(name: str, value: Any, config: TrainConfig) -> str | None:
+    if name == "optimizer":
+        return "SGD with momentum 0.9 instead of AdamW"
+    return {
+        "for-loop": "one optimizer kernel per parameter",
+        "foreach": "batched (foreach) optimizer kernels",
+        "fused": "fused optimizer kernel",
+    }.get(value)
+
+
 LEVER = Lever(
     name="optimizer",
     fields=("optimizer", "optimizer_impl"),
@@ -182,4 +192,5 @@ LEVER = Lever(
     snippet=_snippet,
     space=_space,
     apply=_apply,
+    describe=_describe,
 )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -127,6 +127,12 @@ def _apply(step: TrainStep) -> None:
     step.applied.extend(records)
 
 
+def _describe(name: str, value: Any, config: TrainConfig) -> str | None:
+    if name == "matmul_precision":
+        return f"float32 matmuls may use {'TF32' if value == 'high' else 'bfloat16 kernels'}"
+    return "strict fp32 convolutions (cuDNN may not use TF32)" if value is False else None
+
+
 LEVER = Lever(
     name="fp32_precision",
     fields=("matmul_precision", "cudnn_tf32"),
@@ -135,4 +141,5 @@ LEVER = Lever(
     snippet=_snippet,
     space=_space,
     apply=_apply,
+    describe=_describe,
 )

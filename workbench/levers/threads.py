@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -90,6 +90,10 @@ def _apply(step: TrainStep) -> None:
     step.applied.append(record)
 
 
+def _describe(name: str, value: Any, config: TrainConfig) -> str | None:
+    return f"{value} CPU thread(s) per operator (torch.set_num_threads)"
+
+
 LEVER = Lever(
     name="intra_op_threads",
     fields=("intra_op_threads",),
@@ -99,4 +103,5 @@ LEVER = Lever(
     not_searched="not in the default space: the best count depends on what else shares the host; "
     "name intra_op_threads in a space file to search it",
     apply=_apply,
+    describe=_describe,
 )
