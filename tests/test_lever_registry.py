@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from typing import Any
@@ -94,6 +95,27 @@ def test_every_lever_declares_every_part() -> None:
         assert (lever.snippet is not None) != bool(lever.not_exported.strip()), lever.name
         assert (lever.space is not None) != bool(lever.not_searched.strip()), lever.name
         assert (lever.apply is not None) != bool(lever.not_in_step.strip()), lever.name
+        assert set(lever.fixed) <= set(lever.fields) and all(why.strip() for why in lever.fixed.values()), lever
+
+
+def test_a_space_file_may_name_every_lever_field_but_the_fixed_ones_which_it_refuses_with_their_reason() -> None:
+    """The tuner's searchable fields are the levers' (not a list of its own): a field a lever keeps
+    fixed is refused quoting that lever's reason, any other one is accepted."""
+    from workbench.config import ConfigError, TrainConfig
+    from workbench.levers import LEVERS
+    from workbench.tune import user_space
+
+    baseline = TrainConfig()
+    for lever in LEVERS:
+        for name in lever.fields:
+            if name in lever.fixed:
+                with pytest.raises(ConfigError, match=re.escape(lever.fixed[name])):
+                    user_space({name: [getattr(baseline, name)]}, "cpu")
+            elif getattr(baseline, name) is not None:
+                space = user_space({name: [getattr(baseline, name)]}, "cpu")
+                assert space.values == {name: (getattr(baseline, name),)}, name
+    # a lever not in the default space says a space file may name it: it may
+    assert user_space({"intra_op_threads": [1, 2]}, "cpu").searched == {"intra_op_threads": (1, 2)}
 
 
 def test_build_applies_the_levers_in_the_registrys_order_and_nothing_else() -> None:

@@ -8,7 +8,7 @@ exported snippet and its values in the tuner's space. `registry.LEVERS` lists th
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from workbench.config import TrainConfig, field_choices
@@ -75,6 +75,9 @@ class Lever:
     space: Callable[[SpaceContext], Space] | None = None
     """The values the tuner tries by default; None with `not_searched` saying why not."""
     not_searched: str = ""
+    fixed: Mapping[str, str] = field(default_factory=dict)
+    """Fields the tuner never searches, not even when a space file names them, each with the reason
+    (the tuner's error quotes it); every other field of a lever may be named in a space file."""
 
 
 def always(*names: str) -> Callable[[torch.device], Table]:

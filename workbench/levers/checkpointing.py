@@ -284,6 +284,7 @@ LEVER = Lever(
     open_fields=("checkpoint_target",),
     snippet=_snippet,
     space=_space,
+    fixed={"checkpoint_target": "which blocks to checkpoint is the model's choice; set it in the baseline"},
     apply=_apply,
     describe=_describe,
 )

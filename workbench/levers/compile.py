@@ -154,6 +154,10 @@ LEVER = Lever(
     check=_check,
     snippet=_snippet,
     space=_space,
+    fixed=dict.fromkeys(
+        ("compile_fullgraph", "compile_dynamic", "compile_backend"),
+        "compile's options stay the baseline's: the tuner searches the compile mode; set them in the baseline",
+    ),
     apply=_apply,
     describe=_describe,
 )

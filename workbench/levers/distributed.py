@@ -250,26 +250,30 @@ def _apply(step: TrainStep) -> None:
         step.applied.append(record)
 
 
+_FIELDS = (
+    "strategy",
+    "nproc_per_node",
+    "rdzv_endpoint",
+    "nnodes",
+    "ddp_bucket_cap_mb",
+    "ddp_gradient_as_bucket_view",
+    "ddp_static_graph",
+    "comm_hook",
+    "fsdp_reshard_after_forward",
+    "fsdp_param_dtype",
+)
+_NOT_TUNED = "distributed tuning is not supported yet; tune one process, then scale out"
+
 LEVER = Lever(
     name="data_parallel",
-    fields=(
-        "strategy",
-        "nproc_per_node",
-        "rdzv_endpoint",
-        "nnodes",
-        "ddp_bucket_cap_mb",
-        "ddp_gradient_as_bucket_view",
-        "ddp_static_graph",
-        "comm_hook",
-        "fsdp_reshard_after_forward",
-        "fsdp_param_dtype",
-    ),
+    fields=_FIELDS,
     summary="DDP or FSDP2 over several processes (torchrun): more samples per second, or a model too big for one",
     availability=_availability,
     open_fields=("rdzv_endpoint", "nnodes", "ddp_bucket_cap_mb"),
     check=_check,
     not_exported="the snippet is one process's step; a distributed run is exported as its torchrun command "
     "(`workbench export --format command`), which runs the workbench's own rank entry point",
-    not_searched="distributed tuning is not supported yet; tune one process, then scale out",
+    not_searched=_NOT_TUNED,
+    fixed={name: _NOT_TUNED for name in _FIELDS},
     apply=_apply,
 )

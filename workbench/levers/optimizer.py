@@ -191,6 +191,7 @@ LEVER = Lever(
     availability=_availability,
     snippet=_snippet,
     space=_space,
+    fixed={"optimizer": "another algorithm trains a different model"},
     apply=_apply,
     describe=_describe,
 )

@@ -18,38 +18,23 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import ConfigError, TrainConfig, field_choices, field_names, parse_value
+from workbench.device import device_info
+from workbench.levers import capabilities, check_config, registry
+from workbench.levers.base import SpaceContext
+from workbench.levers.compile import searched_compile_modes
 
-#: Fields the tuner may search: how a step runs, not what it trains.
-SEARCHABLE = (
-    "amp",
-    "channels_last",
-    "compile",
-    "activation_checkpointing",
-    "optimizer_impl",
-    "matmul_precision",
-    "cudnn_tf32",
-    "attention_backend",
-    "cuda_graphs",
-    "num_workers",
-    "pin_memory",
-    "prefetch_factor",
-    "persistent_workers",
-    "batch_size",
-    "grad_accumulation",
-    "activation_memory_budget",
-    "compiled_autograd",
-    "float8",
-    "activation_offload",
-)
-
-#: Why the other fields are kept at the baseline's values.
-NOT_SEARCHED = {
+#: Why the fields that are no lever's are kept at the baseline's values.
+_NOT_LEVERS = {
     "lr": "it changes what is trained, not how fast",
     "seed": "equal seeds are what makes the numerics check possible",
-    "optimizer": "another algorithm trains a different model",
     "extra": "workload options change the workload itself",
-    "strategy": "distributed tuning is not supported yet; tune one process, then scale out",
 }
+
+#: Why the other fields are kept at the baseline's values: no lever's, or one its lever keeps fixed.
+NOT_SEARCHED = {**_NOT_LEVERS, **{name: why for lever in registry.LEVERS for name, why in lever.fixed.items()}}
+
+#: Fields the tuner may search (a space file may name them): how a step runs, not what it trains.
+SEARCHABLE = tuple(name for lever in registry.LEVERS for name in lever.fields if name not in NOT_SEARCHED)
 
 #: Combinations enumerated to count (and prove non-empty) a space; larger spaces are sampled.
 ENUMERATE_LIMIT = 20_000
@@ -130,10 +115,6 @@ def default_space(
 ) -> SearchSpace:
     """Every searchable lever at the values this device can run: each lever says which
     (`Lever.space`), kept to what pays on one node."""
-    from workbench.device import device_info
-    from workbench.levers import capabilities, registry
-    from workbench.levers.base import SpaceContext
-    from workbench.levers.compile import searched_compile_modes
 
     caps = capabilities(device)
     cores = cpu_cores or device_info(device).cpu_cores
@@ -209,7 +190,6 @@ def check_space(space: SearchSpace, baseline: TrainConfig, device: Any = None) -
 
     Nothing to search: no field with two values, or no combination that validation and this
     device accept (a contradictory space) — the message quotes the first refusal."""
-    from workbench.levers import check_config
 
     if not space.searched:
         raise ConfigError(
@@ -237,7 +217,6 @@ def check_space(space: SearchSpace, baseline: TrainConfig, device: Any = None) -
 
 
 def _checked_values(mapping: Mapping[str, Any], device: Any, workload_batch: int | None) -> dict[str, tuple[Any, ...]]:
-    from workbench.levers import capabilities
 
     caps = capabilities(device)
     out: dict[str, tuple[Any, ...]] = {}
@@ -265,7 +244,7 @@ def _typed(name: str, value: Any) -> Any:
     """A JSON value as the field's type, checked against the field's choices."""
     if isinstance(value, str) and field_choices(name) is not None and value not in field_choices(name):  # type: ignore[operator]
         value = parse_value(name, value)
-    if name in ("batch_size", "grad_accumulation", "num_workers", "prefetch_factor"):
+    if name in ("batch_size", "grad_accumulation", "num_workers", "prefetch_factor", "intra_op_threads"):
         if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "num_workers" else 1):
             raise ConfigError(
                 f"{name} values must be whole numbers >= {0 if name == 'num_workers' else 1}, got {value!r}"
