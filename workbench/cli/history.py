@@ -1,4 +1,4 @@
-"""`workbench history`: stored trials, newest first."""
+"""`workbench history`: stored trials, newest first; `workbench job`: a watched torchrun job's ranks joined."""
 
 from __future__ import annotations
 
@@ -21,10 +21,33 @@ def add_commands(sub: Any) -> None:
     history.add_argument("--json", action="store_true")
     history.set_defaults(handler=_cmd_history)
 
+    job = sub.add_parser("job", help="a watched multi-process job: each rank's figures, the rank skew, the straggler")
+    job.add_argument("job", help="the watch name (its newest launch) or a job id from `history --json`")
+    add_store_arg(job)
+    job.add_argument("--json", action="store_true")
+    job.set_defaults(handler=_cmd_job)
+
 
 def _newest_first(row: Any) -> float:
     """Trials by when they were saved, watched runs by when they started: newest first."""
     return -(row.started_at if row.kind == "watch" else row.saved_at)
+
+
+def _cmd_job(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from workbench.store import default_store_path
+    from workbench.watch.job import watched_job
+
+    path = args.store or default_store_path()
+    if path is None or not Path(path).exists():
+        raise UsageError(f"no run history at {path or '(off: WORKBENCH_STORE=off)'}; pass --store PATH")
+    try:
+        job = watched_job(args.job, store=path)
+    except KeyError as exc:
+        raise UsageError(str(exc.args[0])) from None
+    print(json.dumps(job.to_dict(), indent=2) if args.json else job.describe())
+    return 0
 
 
 def _cmd_history(args: argparse.Namespace) -> int:

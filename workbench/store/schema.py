@@ -137,8 +137,18 @@ _V2 = [
     "CREATE INDEX watch_runs_by_name ON watch_runs(name, run_id)",
 ]
 
+# Watched jobs of several processes (torchrun): each rank writes its own watched run, marked
+# with its rank, the world size and the job all ranks of one launch share, so a reader joins
+# them into one job (rank skew, the straggler). NULL for a single-process job.
+_V3 = [
+    "ALTER TABLE watch_runs ADD COLUMN rank INTEGER",
+    "ALTER TABLE watch_runs ADD COLUMN world_size INTEGER",
+    "ALTER TABLE watch_runs ADD COLUMN job TEXT",
+    "CREATE INDEX watch_runs_by_job ON watch_runs(job, rank)",
+]
+
 #: MIGRATIONS[i] takes a store from version i to version i + 1.
-MIGRATIONS: list[list[str]] = [_V1, _V2]
+MIGRATIONS: list[list[str]] = [_V1, _V2, _V3]
 
 
 def schema_version() -> int:

@@ -67,12 +67,17 @@ class WatchedRun:
     environment: dict[str, Any]
     config: dict[str, Any]
     summary: dict[str, Any] = field(default_factory=dict)
+    rank: int | None = None
+    world_size: int | None = None
+    job: str | None = None
+    """What every rank of one multi-process launch shares (None for a single-process job)."""
 
     def history_row(self) -> HistoryRow:
         """This run as a line of `workbench history` (kind 'watch'; trial id 'watch-<run id>')."""
         message = self.message or f"last step {self.last_step}"
+        label = self.name if self.rank is None else f"{self.name} rank {self.rank}/{self.world_size}"
         return HistoryRow(
-            id=self.run_id, run_id=self.run_id, kind="watch", label=self.name, trial_id=f"watch-{self.run_id}",
+            id=self.run_id, run_id=self.run_id, kind="watch", label=label, trial_id=f"watch-{self.run_id}",
             started_at=self.started_at, saved_at=self.heartbeat_at, workload=self.name, preset=None,
             config=self.config, commit=self.commit, dirty=self.dirty, device_name=self.device_name, host=self.host,
             status=self.status, message=message, median_step_ms=self.summary.get("steady_median_ms"),
@@ -81,8 +86,9 @@ class WatchedRun:
 
 
 def start_watch_run(
-    store: Store, name: str, *, config: dict[str, Any], environment: dict[str, Any], warmup: int, pid: int
-) -> int:
+    store: Store, name: str, *, config: dict[str, Any], environment: dict[str, Any], warmup: int, pid: int,
+    rank: int | None = None, world_size: int | None = None, job: str | None = None,
+) -> int:  # fmt: skip
     """Write the run row and its watch row (status 'running'); returns the run id."""
     commit, dirty = records.split_commit(environment.get("git_commit"))
     now = time.time()
@@ -90,11 +96,11 @@ def start_watch_run(
         run_id = store._insert_run(conn, "watch", name)
         conn.execute(
             "INSERT INTO watch_runs (run_id, name, status, host, pid, pid_started_at, started_at, heartbeat_at, "
-            "warmup, device_name, git_commit, git_dirty, env_key, environment, config) "
-            "VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "warmup, device_name, git_commit, git_dirty, env_key, environment, config, rank, world_size, job) "
+            "VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (run_id, name, platform.node(), pid, _process_started(pid), now, now, warmup,
              environment.get("device_name"), commit, int(dirty), records.env_key(environment),
-             _dumps(environment), _dumps(config)),
+             _dumps(environment), _dumps(config), rank, world_size, job),
         )  # fmt: skip
     return run_id
 
@@ -141,12 +147,12 @@ def flush_watch_run(
 
 def watched_runs(
     store: Store, *, name: str | None = None, commit: str | None = None, since: float | None = None,
-    before_run: int | None = None, limit: int | None = 50, now: float | None = None,
+    before_run: int | None = None, job: str | None = None, limit: int | None = 50, now: float | None = None,
 ) -> list[WatchedRun]:  # fmt: skip
     """Watched runs newest first, each with its state decided at `now` (default: now); filters combine with AND."""
     clauses, params = ["1"], []
     for clause, value in (("name = ?", name), ("git_commit LIKE ? || '%'", commit), ("started_at >= ?", since),
-                          ("run_id < ?", before_run)):  # fmt: skip
+                          ("run_id < ?", before_run), ("job = ?", job)):  # fmt: skip
         if value is not None:
             clauses.append(clause)
             params.append(value)
@@ -214,7 +220,7 @@ def _watched(row: Any, now: float | None) -> WatchedRun:
         heartbeat_at=row["heartbeat_at"], ended_at=row["ended_at"], last_step=row["last_step"], warmup=row["warmup"],
         device_name=row["device_name"], commit=row["git_commit"], dirty=bool(row["git_dirty"]), env_key=row["env_key"],
         environment=json.loads(row["environment"]), config=json.loads(row["config"]),
-        summary=json.loads(row["summary"] or "{}"),
+        summary=json.loads(row["summary"] or "{}"), rank=row["rank"], world_size=row["world_size"], job=row["job"],
     )  # fmt: skip
 
 

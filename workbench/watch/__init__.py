@@ -1,13 +1,15 @@
 """Watching a user's own training job: step, data wait, phases, memory and utilization from their loop.
 
 `watch(model, optimizer, name=...)` is the entry point; `wb.watch(...)` calls it. The loop only takes
-stamps; `writer.py`'s thread stores the run while it runs (`workbench.store.watched`).
+stamps; `writer.py`'s thread stores the run while it runs (`workbench.store.watched`). Under torchrun
+every rank writes its own run; `watched_job(name)` joins them (rank skew, the straggler).
 """
 
 from workbench.callable_module import make_callable
+from workbench.watch.job import WatchedJob, watched_job
 from workbench.watch.session import Watch, WatchWarning, watch
 
 # `wb.watch(...)` is this package called: importing it binds `workbench.watch` to the module.
 make_callable(__name__, watch)
 
-__all__ = ["Watch", "WatchWarning", "watch"]
+__all__ = ["Watch", "WatchWarning", "WatchedJob", "watch", "watched_job"]

@@ -6,7 +6,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from workbench.analysis.steady import steady_step_ms
+from workbench.analysis.steady import steady_rows, steady_step_ms, weighted_quantile
 from workbench.measure.monitor import Sample
 from workbench.store.watched import StepRow
 from workbench.watch.steps import StepHistory
@@ -19,6 +19,8 @@ def run_summary(rows: Sequence[StepRow], warmup: int, history: StepHistory, wind
     return {
         "steady_median_ms": median,
         "steady_iqr_ms": iqr,
+        # the phases' steady medians: across the ranks of one job, where their times part (rank skew)
+        **{f"steady_{phase}_ms": steady_phase_ms(rows, warmup, phase) for phase in PHASES},
         "stride": history.stride,
         "last_loss": last.loss if last is not None else None,
         "peak_memory_bytes": max((r.peak_memory_bytes for r in rows if r.peak_memory_bytes is not None), default=None),
@@ -27,6 +29,17 @@ def run_summary(rows: Sequence[StepRow], warmup: int, history: StepHistory, wind
         "dropped_steps": dropped_steps,
         "dropped_writes": dropped_writes,
     }
+
+
+PHASES = ("data", "forward", "backward", "optimizer")
+
+
+def steady_phase_ms(rows: Sequence[StepRow], warmup: int, phase: str) -> float | None:
+    """The median of one phase's time (`data`, `forward`, ...) over the steady steps that saw it."""
+    kept = [r for r in steady_rows(rows, warmup) if getattr(r, f"{phase}_ms") is not None]
+    if not kept:
+        return None
+    return weighted_quantile([getattr(r, f"{phase}_ms") for r in kept], [r.steps for r in kept], 0.5)
 
 
 def window_utilization(samples: Sequence[Sample]) -> dict[str, Any]:

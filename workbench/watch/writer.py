@@ -25,6 +25,7 @@ from workbench.measure.monitor import DeviceMonitor
 from workbench.store import DEFAULT_STORE, StoreArg, default_store_path
 from workbench.store.core import Store
 from workbench.store.watched import StepRow, flush_watch_run, start_watch_run
+from workbench.watch.ranks import rank_info
 from workbench.watch.steps import StepHistory
 from workbench.watch.summary import run_summary, window_utilization
 
@@ -144,8 +145,10 @@ class Writer:
         try:
             if self.run_id is None:
                 environment = environment_fingerprint(self.device)
+                ranks = rank_info(self.name)
                 self.run_id = start_watch_run(store, self.name, config=self.config, environment=environment,
-                                              warmup=self.warmup, pid=os.getpid())  # fmt: skip
+                                              warmup=self.warmup, pid=os.getpid(), rank=ranks.rank,
+                                              world_size=ranks.world_size, job=ranks.job)  # fmt: skip
             flush_watch_run(store, self.run_id, last_step=self.history.last_step, summary=summary, history=history,
                             replace_history=replaced, recent=recent, recent_from=recent_from, ended=ended)  # fmt: skip
         except Exception as exc:

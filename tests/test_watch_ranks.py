@@ -1,0 +1,92 @@
+"""A watched torchrun job: every rank writes its run, the ranks join into one job, and a rank whose
+loader is slowed on purpose is named the straggler with its data wait (2 real gloo ranks)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import workbench as wb
+from workbench.store import Store
+from workbench.store.watched import watched_runs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+JOB = """
+import sys, time, torch, torch.distributed as dist
+import workbench as wb
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+SLOW_RANK, SLEEP_S = int(sys.argv[2]), float(sys.argv[3])
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                                                      torch.nn.Linear(64, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+def loader(n):
+    for _ in range(n):
+        if rank == SLOW_RANK:
+            time.sleep(SLEEP_S)  # this rank's data pipeline is the slow one
+        yield torch.randn(32, 64)
+
+with wb.watch(model, opt, name="ddp-job", store=sys.argv[1], warmup=3, flush_s=0.2) as w:
+    for batch in w.batches(loader(int(sys.argv[4]))):
+        loss = model(batch).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        w.step(loss=loss)
+dist.destroy_process_group()
+"""
+
+
+def run_job(tmp_path: Path, store: Path, slow_rank: int, sleep_s: float, steps: int) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(JOB))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
+         str(store), str(slow_rank), str(sleep_s), str(steps)],
+        capture_output=True, text=True, env=env, timeout=180, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_the_rank_with_the_slow_loader_is_named_the_straggler_with_its_data_wait(tmp_path: Path) -> None:
+    store = tmp_path / "history.db"
+    run_job(tmp_path, store, slow_rank=1, sleep_s=0.05, steps=30)
+    run_job(tmp_path, store, slow_rank=0, sleep_s=0.0, steps=12)  # a second launch of the same script
+
+    with Store(store) as db:
+        runs = watched_runs(db, name="ddp-job", limit=None)
+    assert len(runs) == 4 and {r.world_size for r in runs} == {2}
+    first, second = {r.job for r in runs if r.run_id <= 2}, {r.job for r in runs if r.run_id > 2}
+    assert len(first) == len(second) == 1 and first != second, "one job id per launch, shared by its ranks"
+
+    job = wb.watch.watched_job(next(iter(first)), store=store)
+    assert [r.rank for r in job.ranks] == [0, 1] and all(r.status == "ended" for r in job.ranks)
+    assert job.straggler == 1, job.describe()
+    slow, fast = job.ranks[1], job.ranks[0]
+    assert slow.data_ms is not None and 40 <= slow.data_ms <= 200, job.describe()  # the 50 ms sleep, seen
+    assert fast.data_ms is not None and fast.data_ms < 10, job.describe()
+    # the fast rank waits for the slow one in backward's all-reduce: both steps take the sleep
+    assert fast.step_ms is not None and fast.step_ms >= 40, job.describe()
+    assert "straggler: rank 1" in job.describe()
+
+    newest = wb.watch.watched_job("ddp-job", store=store)  # by name: the newest launch
+    assert newest.job == next(iter(second)) and newest.straggler is None, newest.describe()
+
+    # the command line says the same, and history names each rank's run
+    shown = subprocess.run([sys.executable, "-m", "workbench.cli", "job", job.job, "--store", str(store)],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert shown.returncode == 0 and "straggler: rank 1" in shown.stdout, shown.stdout + shown.stderr
+    listed = subprocess.run([sys.executable, "-m", "workbench.cli", "history", "--store", str(store)],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert "ddp-job rank 1/2" in listed.stdout, listed.stdout
+    missing = subprocess.run([sys.executable, "-m", "workbench.cli", "job", "no-such-job", "--store", str(store)],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert missing.returncode == 2 and "no multi-process watched job 'no-such-job'" in missing.stderr

@@ -1,0 +1,119 @@
+"""A multi-process watched job read as one: each rank's steady figures, the rank skew and the straggler.
+
+In a data-parallel step the ranks meet in backward (DDP's all-reduce, FSDP's reduce-scatter):
+a rank still waiting for its batch or running its forward when the others arrive makes them all
+wait there, so every rank's step time is about the same and the one that differs is the time
+*before* the collective: data wait + forward. The rank with the longest such time is the
+straggler, named when the spread reaches `STRAGGLER_SKEW` of a step (the same threshold a
+distributed trial's straggler finding uses); its data wait says whether its loader is why.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from workbench.analysis.ranks import STRAGGLER_SKEW
+from workbench.store import DEFAULT_STORE, StoreArg, opened_store
+from workbench.store.watched import WatchedRun, watched_runs
+from workbench.textfmt import format_ms
+
+
+@dataclass(frozen=True)
+class RankFigures:
+    rank: int
+    run_id: int
+    status: str
+    last_step: int
+    step_ms: float | None
+    data_ms: float | None
+    forward_ms: float | None
+
+    @property
+    def before_collective_ms(self) -> float | None:
+        """Data wait + forward: what a rank does before it meets the others in backward."""
+        if self.data_ms is None and self.forward_ms is None:
+            return None
+        return (self.data_ms or 0.0) + (self.forward_ms or 0.0)
+
+
+@dataclass(frozen=True)
+class WatchedJob:
+    """The ranks of one launch; `straggler` is None while they keep pace (or too little is known)."""
+
+    job: str
+    name: str
+    world_size: int | None
+    ranks: list[RankFigures]
+    straggler: int | None = None
+    skew: float | None = None
+    """(slowest - fastest) time before the collective, over the median step time."""
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job": self.job, "name": self.name, "world_size": self.world_size, "straggler": self.straggler,
+                "skew": self.skew, "notes": list(self.notes),
+                "ranks": [{**vars(r), "before_collective_ms": r.before_collective_ms} for r in self.ranks]}  # fmt: skip
+
+    def describe(self) -> str:
+        """A few lines: the straggler (or that the ranks keep pace), then one line per rank."""
+        lines = [f"{self.name}: {len(self.ranks)} of {self.world_size or '?'} rank(s) watched ({self.job})"]
+        if self.straggler is not None:
+            slow = next(r for r in self.ranks if r.rank == self.straggler)
+            lines.append(f"straggler: rank {slow.rank}, {self.skew:.0%} of a step later to the collective than the "
+                         f"fastest rank; its data wait is {ms(slow.data_ms)} a step")  # fmt: skip
+        lines += self.notes
+        for r in self.ranks:
+            lines.append(f"  rank {r.rank}: step {ms(r.step_ms)}, data wait {ms(r.data_ms)}, forward "
+                         f"{ms(r.forward_ms)}, last step {r.last_step} ({r.status})")  # fmt: skip
+        return "\n".join(lines)
+
+
+def watched_job(job_or_name: str, store: StoreArg = DEFAULT_STORE) -> WatchedJob:
+    """The newest job whose id or watch name is `job_or_name`, its ranks joined; KeyError when none."""
+    with opened_store(store, create=False) as db:
+        if db is None:
+            raise KeyError("no run history to read (WORKBENCH_STORE=off); pass store= the file the job wrote")
+        runs = watched_runs(db, job=job_or_name, limit=None)
+        if not runs:
+            named = [r for r in watched_runs(db, name=job_or_name, limit=None) if r.job]
+            if not named:
+                raise KeyError(f"no multi-process watched job '{job_or_name}' in {db.path}; a job's ranks are "
+                               "joined when it runs under torchrun (`workbench history` lists watched runs)")  # fmt: skip
+            runs = watched_runs(db, job=named[0].job, limit=None)
+    return job_of(runs)
+
+
+def job_of(runs: list[WatchedRun]) -> WatchedJob:
+    """The job the given watched runs (all of one job) make up."""
+    by_rank = {r.rank: r for r in sorted(runs, key=lambda r: r.run_id) if r.rank is not None}
+    figures = [_figures(r) for _, r in sorted(by_rank.items())]
+    first = runs[0]
+    job = WatchedJob(str(first.job), first.name, first.world_size, figures)
+    return _with_straggler(job)
+
+
+def _figures(run: WatchedRun) -> RankFigures:
+    s = run.summary
+    return RankFigures(int(run.rank or 0), run.run_id, run.status, run.last_step, s.get("steady_median_ms"),
+                       s.get("steady_data_ms"), s.get("steady_forward_ms"))  # fmt: skip
+
+
+def _with_straggler(job: WatchedJob) -> WatchedJob:
+    timed = [r for r in job.ranks if r.before_collective_ms is not None]
+    steps = [r.step_ms for r in job.ranks if r.step_ms is not None]
+    if job.world_size and len(job.ranks) < job.world_size:
+        job.notes.append(f"only {len(job.ranks)} of {job.world_size} ranks wrote a watched run so far")
+    if len(timed) < 2 or not steps:
+        job.notes.append("the ranks' pace is compared once two ranks have steady steps")
+        return job
+    slowest = max(timed, key=lambda r: r.before_collective_ms or 0.0)
+    fastest = min(timed, key=lambda r: r.before_collective_ms or 0.0)
+    skew = ((slowest.before_collective_ms or 0.0) - (fastest.before_collective_ms or 0.0)) / statistics.median(steps)
+    straggler = slowest.rank if skew >= STRAGGLER_SKEW else None
+    return WatchedJob(job.job, job.name, job.world_size, job.ranks, straggler, skew, job.notes)
+
+
+def ms(value: float | None) -> str:
+    return "-" if value is None else f"{format_ms(value)} ms"
