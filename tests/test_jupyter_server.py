@@ -227,6 +227,44 @@ def test_runs_list_stored_trials_newest_first(
     assert (error_of(api, "runs", limit=0))[0] == 400
 
 
+WATCHED_LOOP = """
+import sys, time, torch
+import workbench as wb
+
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+with wb.watch(model, opt, name="terminal-job", store=sys.argv[1], flush_s=0.2, warmup=1) as w:
+    for i in range(int(sys.argv[2])):
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        w.step(loss=float("nan") if i == 3 else loss)
+        time.sleep(0.01)
+"""
+
+
+def test_watch_lists_jobs_from_other_processes_with_their_newest_step(
+    api: Callable[..., HTTPResponse], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    path = tmp_path / "history.sqlite"
+    monkeypatch.setenv("WORKBENCH_STORE", str(path))
+    assert "no watched job yet" in get_json(api, "watch")["note"]
+    script = tmp_path / "job.py"
+    script.write_text(WATCHED_LOOP)
+    root = str(Path(__file__).resolve().parents[1])
+    for steps in (4, 12):  # two jobs, as from a terminal: their own processes
+        subprocess.run([sys.executable, str(script), str(path), str(steps)], check=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": root})  # fmt: skip
+    reply = get_json(api, "watch")
+    newest, older = reply["jobs"]
+    assert newest["name"] == older["name"] == "terminal-job" and newest["run_id"] > older["run_id"]
+    assert newest["status"] == older["status"] == "ended" and newest["last_step"] == 12
+    assert newest["step"]["step"] == 12 and newest["step"]["step_ms"] > 0 and newest["rank"] is None
+    assert older["step"]["step"] == 4 and older["step"]["loss"] is None, "a NaN loss is null in strict JSON"
+    assert len(get_json(api, "watch", limit=1)["jobs"]) == 1
+    assert error_of(api, "watch", limit=0)[0] == 400
+
+
 def test_the_quickstart_template_is_served_with_outputs_cleared(api: Callable[..., HTTPResponse]) -> None:
     if not QUICKSTART.is_file():
         pytest.fail(f"{QUICKSTART} is missing: 'New tuning notebook' has nothing to copy")

@@ -86,6 +86,18 @@ class RunsHandler(_WorkbenchHandler):
             self.fail(error)
 
 
+class WatchHandler(_WorkbenchHandler):
+    """The newest watched jobs (`limit`, default 20) with their state and newest step."""
+
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        limit = int(self.float_arg("limit", 20, 1, MAX_RUNS) or 20)
+        try:
+            self.reply(await asyncio.to_thread(sources.list_watched, limit))
+        except sources.SourceError as error:
+            self.fail(error)
+
+
 class NotebookTemplateHandler(_WorkbenchHandler):
     """A packaged notebook (nbformat JSON) by template name, for "New tuning notebook"."""
 
@@ -102,6 +114,7 @@ ROUTES: list[tuple[str, type[APIHandler]]] = [
     ("metrics", MetricsHandler),
     ("capabilities", CapabilitiesHandler),
     ("runs", RunsHandler),
+    ("watch", WatchHandler),
     (r"notebooks/([a-z0-9_-]+)", NotebookTemplateHandler),
 ]
 

@@ -1,4 +1,4 @@
-"""What the `capabilities`, `runs` and `notebooks/*` endpoints serve, kept apart from HTTP.
+"""What the `capabilities`, `runs`, `watch` and `notebooks/*` endpoints serve, kept apart from HTTP.
 
 Nothing here takes a path, a module name or code from a request: templates come from a
 fixed allow-list of notebooks installed with the package, runs from the user's default
@@ -114,6 +114,57 @@ def list_runs(limit: int) -> dict[str, Any]:
     except StoreError as exc:
         raise SourceError(500, f"cannot read the run store: {exc}") from None
     return {"runs": [row.to_dict() for row in rows], "store": str(path), "note": ""}
+
+
+# --- watched jobs --------------------------------------------------------------------
+
+
+def list_watched(limit: int) -> dict[str, Any]:
+    """The newest watched runs (a user's own jobs, from any process: terminal, torchrun, notebook)
+    with their state and newest step, from the default run store; the side panel polls this.
+
+    The transport is the run history itself: the job's writer thread commits a step row
+    about once a second to the SQLite file (WAL: readers never block it), and this reads the
+    newest rows. No socket from the job to the server, so a dead server costs the job nothing.
+    """
+    from workbench.store import Store, StoreError, default_store_path
+    from workbench.store.watched import last_steps, watched_runs
+
+    path = default_store_path()
+    if path is None:
+        return {"jobs": [], "store": None, "note": "the run history is switched off (WORKBENCH_STORE=off)"}
+    if not path.exists():
+        return {"jobs": [], "store": str(path), "note": "no watched job yet: wrap a training loop in wb.watch(...)"}
+    try:
+        with Store(path, create=False) as store:
+            runs = watched_runs(store, limit=limit)
+            newest = last_steps(store, [r.run_id for r in runs])
+    except StoreError as exc:
+        raise SourceError(500, f"cannot read the run store: {exc}") from None
+    jobs = []
+    for run in runs:
+        step = newest.get(run.run_id)
+        jobs.append({
+            "run_id": run.run_id, "name": run.name, "status": run.status, "message": run.message,
+            "rank": run.rank, "world_size": run.world_size, "job": run.job, "host": run.host,
+            "started_at": run.started_at, "heartbeat_at": run.heartbeat_at, "last_step": run.last_step,
+            "steady_median_ms": run.summary.get("steady_median_ms"),
+            "step": None if step is None else {"step": step.first_step, "wall_time": step.wall_time,
+                                               "step_ms": step.step_ms, "data_ms": step.data_ms,
+                                               "peak_memory_bytes": step.peak_memory_bytes, "loss": step.loss},
+        })  # fmt: skip
+    return _finite({"jobs": jobs, "store": str(path), "note": ""})
+
+
+def _finite(value: Any) -> Any:
+    """NaN and infinities as null: the reply is strict JSON (a diverged job's loss is NaN)."""
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 # --- notebook templates --------------------------------------------------------------

@@ -184,6 +184,22 @@ def watch_steps(store: Store, run_id: int, *, recent: bool = False) -> list[Step
     return [StepRow(**dict(row)) for row in rows]
 
 
+def last_steps(store: Store, run_ids: Sequence[int]) -> dict[int, StepRow]:
+    """Each run's newest recent row (one query), for a list of watched jobs showing where each is now."""
+    if not run_ids:
+        return {}
+    marks = ", ".join("?" for _ in run_ids)
+    with store._read() as conn:
+        rows = conn.execute(
+            f"SELECT run_id, first_step, steps, {', '.join(STEP_FIELDS)} FROM watch_steps AS s WHERE recent = 1 "
+            f"AND run_id IN ({marks}) AND first_step = (SELECT MAX(first_step) FROM watch_steps "
+            "WHERE run_id = s.run_id AND recent = 1)",
+            list(run_ids),
+        ).fetchall()
+    # sqlite3.Row iterates its values, not its keys: .keys() is needed
+    return {row["run_id"]: StepRow(**{k: row[k] for k in row.keys() if k != "run_id"}) for row in rows}  # noqa: SIM118
+
+
 def decide_status(status: str, host: str | None, pid: int | None, pid_started_at: float | None,
                   heartbeat_at: float, now: float | None = None) -> str:  # fmt: skip
     """'killed' for a 'running' row whose writer is silent and whose process is gone; else as stored."""
