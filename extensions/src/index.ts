@@ -15,6 +15,7 @@ import { MetricsModel } from './model';
 import { copyQuickstart } from './notebook';
 import { WorkbenchPanel } from './panel';
 import { WorkbenchStatus } from './status';
+import { WatchedJobsModel } from './watched';
 
 /** Command ids, stable: users bind keys to them. */
 export namespace CommandIDs {
@@ -58,6 +59,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
 
     const panel = new WorkbenchPanel({
       model,
+      watched: new WatchedJobsModel(),
       onNewNotebook: () => void app.commands.execute(CommandIDs.newNotebook)
     });
     panel.title.icon = workbenchIcon;

@@ -1,7 +1,9 @@
 /**
  * The "Workbench" side panel: one live chart per GPU (or the host's CPU and RAM
- * when there is no GPU, with the reason), and a button into a tuning notebook.
- * It only draws; polling lives in `MetricsModel`, shared with the status bar.
+ * when there is no GPU, with the reason), a button into a tuning notebook, and the
+ * watched jobs (`wb.watch`) running or recently ended anywhere on this machine's history.
+ * It only draws; polling lives in `MetricsModel` (shared with the status bar) and
+ * `WatchedJobsModel` (polled only while the panel is shown).
  */
 
 import { Message } from '@lumino/messaging';
@@ -9,11 +11,13 @@ import { Widget } from '@lumino/widgets';
 
 import { DeviceChart } from './chart';
 import { MetricsModel } from './model';
+import { jobLine, jobTitle, WatchedJobsModel } from './watched';
 
 export class WorkbenchPanel extends Widget {
-  constructor(options: { model: MetricsModel; onNewNotebook: () => void }) {
+  constructor(options: { model: MetricsModel; watched: WatchedJobsModel; onNewNotebook: () => void }) {
     super();
     this._model = options.model;
+    this._watched = options.watched;
     this.id = 'training-workbench-panel';
     this.addClass('jp-WorkbenchPanel');
     this.title.caption = 'Training Workbench: live device utilization and memory';
@@ -32,9 +36,19 @@ export class WorkbenchPanel extends Widget {
     this._note.className = 'jp-WorkbenchPanel-note';
     this._charts = document.createElement('div');
     this._charts.className = 'jp-WorkbenchPanel-charts';
-    this.node.append(header, this._note, this._charts);
+    const jobs = document.createElement('section');
+    jobs.className = 'jp-WorkbenchPanel-watch';
+    const jobsHeading = document.createElement('h3');
+    jobsHeading.textContent = 'Watched jobs';
+    this._jobsNote = document.createElement('p');
+    this._jobsNote.className = 'jp-WorkbenchPanel-note';
+    this._jobs = document.createElement('ul');
+    this._jobs.className = 'jp-WorkbenchPanel-jobs';
+    jobs.append(jobsHeading, this._jobsNote, this._jobs);
+    this.node.append(header, this._note, this._charts, jobs);
 
     this._model.changed.connect(this._onChanged, this);
+    this._watched.changed.connect(this._renderJobs, this);
   }
 
   dispose(): void {
@@ -42,13 +56,45 @@ export class WorkbenchPanel extends Widget {
       return;
     }
     this._model.changed.disconnect(this._onChanged, this);
+    this._watched.changed.disconnect(this._renderJobs, this);
+    void this._watched.stop();
     super.dispose();
   }
 
   protected onAfterShow(msg: Message): void {
     super.onAfterShow(msg);
     this._render();
+    this._renderJobs();
     void this._model.refresh();
+    void this._watched.start();
+  }
+
+  protected onAfterHide(msg: Message): void {
+    super.onAfterHide(msg);
+    void this._watched.stop();
+  }
+
+  private _renderJobs(): void {
+    const watched = this._watched;
+    const note = watched.error ? `Cannot read watched jobs: ${watched.error}` : watched.jobs.length ? '' : watched.note;
+    this._jobsNote.textContent = note;
+    this._jobsNote.hidden = note === '';
+    this._jobs.replaceChildren(
+      ...watched.jobs.map(job => {
+        const item = document.createElement('li');
+        item.className = 'jp-WorkbenchPanel-job';
+        item.dataset.runId = String(job.run_id);
+        item.dataset.status = job.status;
+        item.dataset.step = String(job.last_step);
+        const title = document.createElement('strong');
+        title.textContent = jobTitle(job);
+        const line = document.createElement('span');
+        line.textContent = jobLine(job);
+        item.title = job.job ?? job.host ?? '';
+        item.append(title, document.createElement('br'), line);
+        return item;
+      })
+    );
   }
 
   private _onChanged(): void {
@@ -94,6 +140,9 @@ export class WorkbenchPanel extends Widget {
   }
 
   private _model: MetricsModel;
+  private _watched: WatchedJobsModel;
+  private _jobsNote: HTMLElement;
+  private _jobs: HTMLElement;
   private _note: HTMLElement;
   private _charts: HTMLElement;
   private _chartWidgets = new Map<string, DeviceChart>();

@@ -1,0 +1,39 @@
+import { formatBytes, IWatchedJob, jobLine, jobTitle } from '../src/watched';
+
+function job(overrides: Partial<IWatchedJob> = {}): IWatchedJob {
+  return {
+    run_id: 7,
+    name: 'bev-r50',
+    status: 'running',
+    message: '',
+    rank: null,
+    world_size: null,
+    job: null,
+    host: 'h',
+    started_at: 1,
+    heartbeat_at: 2,
+    last_step: 120,
+    steady_median_ms: 98.25,
+    step: { step: 120, wall_time: 3, step_ms: 101.5, data_ms: 50.25, peak_memory_bytes: 3 * 1024 ** 3, loss: 0.123456 },
+    ...overrides
+  };
+}
+
+describe('watched jobs', () => {
+  it('names the rank of a torchrun job and only then', () => {
+    expect(jobTitle(job())).toBe('bev-r50');
+    expect(jobTitle(job({ rank: 1, world_size: 8 }))).toBe('bev-r50 · rank 1/8');
+  });
+
+  it('shows the step time with its data wait, the median, memory and loss', () => {
+    expect(jobLine(job())).toBe(
+      'running · step 120 · 102 ms/step (data 50.3 ms) · median 98.3 ms · peak 3.0 GiB · loss 0.1235'
+    );
+  });
+
+  it('leaves out what the job did not report and says why a run ended', () => {
+    const bare = job({ status: 'killed', message: 'last step 3', steady_median_ms: null, step: null, last_step: 3 });
+    expect(jobLine(bare)).toBe('killed · step 3 · last step 3');
+    expect(formatBytes(512)).toBe('512 B');
+  });
+});

@@ -1,0 +1,121 @@
+"""A training loop started outside Jupyter (a plain subprocess, as from a terminal) shows live in the
+JupyterLab side panel's "Watched jobs", in a real browser, and the latency from a step to the panel
+is measured: the job logs each step's wall time itself, and the page records (with a
+MutationObserver, on the same clock) when each step number appears. Target: under 2 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from browser_support import CHROMIUM, CHROMIUM_FLAGS, jupyterlab, skip_reason, stop
+
+pytestmark = pytest.mark.browser
+
+if (_reason := skip_reason()) is not None:
+    pytest.skip(_reason, allow_module_level=True)
+
+from playwright.sync_api import sync_playwright  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "artifacts" / "browser"
+PANEL_ID = "training-workbench-panel"
+TARGET_S = 2.0
+
+JOB = """
+import json, sys, time, torch
+import workbench as wb
+
+store, log_path, stop_file = sys.argv[1], sys.argv[2], sys.argv[3]
+model = torch.nn.Linear(32, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+with open(log_path, "w") as log, wb.watch(model, opt, name="terminal-job", store=store) as w:
+    for step in range(1, 100_000):
+        loss = model(torch.randn(16, 32)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        time.sleep(0.05)
+        w.step(loss=loss)
+        log.write(json.dumps([step, time.time()]) + "\\n")
+        log.flush()
+        if step % 10 == 0 and __import__("os").path.exists(stop_file):
+            break
+"""
+
+# Records when each step number first shows in the panel, on the page's clock (the host's).
+OBSERVE = """
+() => {
+  window.__seen = [];
+  const record = () => {
+    for (const li of document.querySelectorAll('.jp-WorkbenchPanel-job[data-status="running"]')) {
+      window.__seen.push([Number(li.dataset.step), Date.now() / 1000]);
+    }
+  };
+  new MutationObserver(record).observe(document.body, {subtree: true, childList: true, attributes: true});
+  record();
+}
+"""
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]:
+    store, log, stop_file = tmp_path / "history.sqlite", tmp_path / "steps.jsonl", tmp_path / "stop"
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(JOB))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, str(script), str(store), str(log), str(stop_file)], env=env, cwd=tmp_path)
+    try:
+        yield store, log, stop_file
+    finally:
+        stop_file.touch()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            stop(proc)  # type: ignore[arg-type]
+
+
+def test_a_terminal_job_shows_live_in_the_side_panel_within_two_seconds(
+    job: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    store, log, stop_file = job
+    home = tmp_path / "lab"
+    (home / "work").mkdir(parents=True)
+    env = {**os.environ, "WORKBENCH_STORE": str(store)}
+    with jupyterlab(home, home / "work", env) as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(f"{url}lab/workspaces/watch?reset")
+        page.wait_for_selector(".jp-LauncherCard", timeout=60_000)
+        page.click(f'li[data-id="{PANEL_ID}"]')
+        item = page.wait_for_selector(f'#{PANEL_ID} .jp-WorkbenchPanel-job[data-status="running"]', timeout=60_000)
+        assert item is not None and "terminal-job" in item.inner_text()
+        page.evaluate(OBSERVE)
+        time.sleep(12)  # a dozen flushes of the job's writer, each a new step number on screen
+        seen: list[list[float]] = page.evaluate("window.__seen")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "watched-job.png"))
+        text = item.inner_text()
+        browser.close()
+    stop_file.touch()
+
+    stamped = {step: t for step, t in (json.loads(line) for line in log.read_text().splitlines())}
+    first_seen: dict[int, float] = {}
+    for step, t in seen:
+        first_seen.setdefault(int(step), t)
+    latencies = [t - stamped[step] for step, t in first_seen.items() if step in stamped]
+    assert len(latencies) >= 8, f"the panel showed too few new steps in 12 s: {sorted(first_seen)}"
+    assert all(latency > -0.05 for latency in latencies), "a step cannot show before it happened"
+    median, worst = statistics.median(latencies), max(latencies)
+    print(f"step -> panel latency over {len(latencies)} updates: median {median:.2f} s, max {worst:.2f} s")
+    assert worst < TARGET_S, f"latency from a step to the panel: median {median:.2f} s, max {worst:.2f} s"
+    assert "ms/step" in text and "running" in text, text
