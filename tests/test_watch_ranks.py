@@ -79,6 +79,9 @@ def test_the_rank_with_the_slow_loader_is_named_the_straggler_with_its_data_wait
 
     newest = wb.watch.watched_job("ddp-job", store=store)  # by name: the newest launch
     assert newest.job == next(iter(second)) and newest.straggler is None, newest.describe()
+    view = wb.ui.Watch("ddp-job", store=store, start=False)  # the notebook view: the newest launch, per rank
+    view.refresh()
+    assert view.steps.data["label"] == ["rank 0", "rank 1"] and {r.job for r in view.runs} == second
 
     # the command line says the same, and history names each rank's run
     shown = subprocess.run([sys.executable, "-m", "workbench.cli", "job", job.job, "--store", str(store)],

@@ -19,7 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from workbench import export, tune
+    from workbench import export, tune, ui
     from workbench.analysis.diagnose import diagnose_trial as diagnose
     from workbench.api import run_comparison as compare
     from workbench.config import ConfigError, TrainConfig
@@ -48,6 +48,7 @@ _PUBLIC = {
     "estimate_memory": "workbench.estimate:estimate_memory",
     "export": "workbench.export",
     "watch": "workbench.watch",
+    "ui": "workbench.ui",
 }
 
 __all__ = [
@@ -65,6 +66,7 @@ __all__ = [
     "load_workload",
     "run_trial",
     "tune",
+    "ui",
     "watch",
 ]
 
