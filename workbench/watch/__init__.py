@@ -7,9 +7,10 @@ every rank writes its own run; `watched_job(name)` joins them (rank skew, the st
 
 from workbench.callable_module import make_callable
 from workbench.watch.job import WatchedJob, watched_job
+from workbench.watch.reproduce import Reproduction, reproduce
 from workbench.watch.session import Watch, WatchWarning, watch
 
 # `wb.watch(...)` is this package called: importing it binds `workbench.watch` to the module.
 make_callable(__name__, watch)
 
-__all__ = ["Watch", "WatchWarning", "WatchedJob", "watch", "watched_job"]
+__all__ = ["Reproduction", "Watch", "WatchWarning", "WatchedJob", "reproduce", "watch", "watched_job"]
