@@ -203,6 +203,13 @@ def sections() -> list[Section]:
             (PY, PARTS, "mfu", "--dry-run"),
         ),
         Section(
+            "watched loop vs workbench trial (bev-perception base bf16)",
+            45,
+            "timed",
+            (PY, PARTS, "watched"),
+            (PY, PARTS, "watched", "--dry-run"),
+        ),
+        Section(
             "compare (bev-perception base)",
             60,
             "timed",

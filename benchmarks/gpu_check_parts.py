@@ -1,5 +1,6 @@
 """The parts of `scripts/gpu-check` that are more than one command: device facts, the float8 plan
-against torchao's own filter, a compile warm-up, an external-timer check and the VLM's MFU.
+against torchao's own filter, a compile warm-up, an external-timer check, a watched loop against
+the workbench's own trial, and the VLM's MFU.
 
 Each part prints its figures and ends with one `key: ...` line for the check's summary table;
 exit 1 when a figure contradicts what it checks. `--dry-run` runs the part on the CPU on the
@@ -217,6 +218,63 @@ def _ratio(value: float | None) -> str:
     return f"{value:.3f}" if value is not None else "n/a"
 
 
+# --- a watched loop against the workbench's trial ------------------------------------------------
+
+
+def watched(dry_run: bool) -> int:
+    """`wb.watch` on a plain loop (CUDA events per step, no synchronization added) against `workbench
+    run` of the same configuration: the watched steady step time over the trial's median."""
+    import tempfile
+    from pathlib import Path
+
+    import workbench as wb
+    from workbench.store import Store
+    from workbench.store.watched import watched_runs
+    from workbench.workloads import load_workload
+
+    cuda = torch.cuda.is_available() and not dry_run
+    dev = torch.device("cuda" if cuda else "cpu")
+    preset, warmup, steps, amp = ("base", WARMUP, STEPS, "bf16") if cuda else ("tiny", 1, 4, "fp32")
+    if not cuda:
+        print("CPU dry run (tiny preset, fp32, 4 steps): proves the code path; the figures say nothing about a GPU")
+        torch.set_num_threads(1)
+    workload = load_workload("bev-perception", preset)
+    torch.manual_seed(0)
+    model = workload.model_fn().to(dev)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batches = workload.batches(TrainConfig())
+    autocast: Callable[[], Any] = (
+        (lambda: torch.autocast(dev.type, dtype=torch.bfloat16)) if amp == "bf16" else nullcontext
+    )
+    store_path = Path(tempfile.mkdtemp()) / "watched.sqlite"
+    with wb.watch(model, optimizer, name="gpu-check", store=store_path, warmup=warmup, flush_s=0.5) as w:
+        for _ in range(warmup + steps):
+            batch = to_device(next(batches), dev)
+            optimizer.zero_grad(set_to_none=True)
+            with autocast():
+                loss = workload.loss_fn(workload.forward_fn(model, batch), batch)
+            loss.backward()
+            optimizer.step()
+            w.step(loss=loss)
+    with Store(store_path) as store:
+        (run,) = watched_runs(store)
+    watched_ms = run.summary.get("steady_median_ms")
+    del model, optimizer
+    if cuda:
+        torch.cuda.empty_cache()  # the workbench's worker gets the device as it would alone
+    trial_ms = statistics.median(workbench_run("bev-perception", preset, amp, dev.type, warmup, steps)["step_ms"])
+    if watched_ms is None:
+        print(f"the watched run has no steady step ({run.status}, last step {run.last_step})")
+        key("no steady watched step")
+        return 1
+    ratio = watched_ms / trial_ms
+    off = cuda and abs(ratio - 1.0) > TIMER_TOLERANCE
+    print(f"bev-perception {preset} {amp}: watched median {watched_ms:.2f} ms, workbench trial median "
+          f"{trial_ms:.2f} ms, ratio {ratio:.3f}{'  MISMATCH' if off else ''} (over ±{TIMER_TOLERANCE:.0%} is one)")  # fmt: skip
+    key(f"watched/trial {ratio:.3f}" + (" (CPU dry run)" if not cuda else "") + (" MISMATCH" if off else ""))
+    return 1 if off else 0
+
+
 # --- MFU -------------------------------------------------------------------------------------------
 
 
@@ -256,6 +314,7 @@ PARTS: dict[str, Callable[[bool], int]] = {
     "float8-plan": float8_plan,
     "compile-warmup": compile_warmup,
     "external-timer": external_timer,
+    "watched": watched,
     "mfu": mfu,
 }
 
