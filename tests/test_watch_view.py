@@ -70,5 +70,5 @@ def test_the_view_follows_a_running_job_and_shows_its_data_wait(tmp_path: Path) 
 def test_a_name_without_a_job_is_said_in_the_view(tmp_path: Path) -> None:
     view = wb.ui.Watch("nothing-yet", store=tmp_path / "absent.sqlite", start=False)
     view.refresh()
-    assert view.runs == [] and "cannot read the run history" in view.table.value
+    assert view.runs == [] and "to write its first step" in view.table.value and "nothing-yet" in view.table.value
     assert not (tmp_path / "absent.sqlite").exists(), "viewing never creates a store"

@@ -11,7 +11,9 @@ window's utilization.
 from __future__ import annotations
 
 import html
+import os
 import threading
+from pathlib import Path
 from typing import Any
 
 import ipywidgets as widgets
@@ -55,6 +57,11 @@ class Watch(BokehView):
 
     def refresh(self) -> None:
         """Read the store now and update the table and charts (the polling thread calls this)."""
+        if isinstance(self._store, (str, os.PathLike)) and not Path(self._store).exists():
+            self.error = f"waiting for '{self.name}' to write its first step (no history file at {self._store} yet)"
+            with self._lock:
+                self.table.value = self._table_html([])
+            return
         try:
             with opened_store(self._store, create=False) as store:
                 if store is None:

@@ -17,6 +17,7 @@ from workbench.analysis.diagnose import Diagnosis, diagnose_trial
 from workbench.config import ConfigError, TrainConfig, field_names
 from workbench.measure.profile import ProfileOptions
 from workbench.protocol import ComparisonRun, Protocol, run_protocol
+from workbench.report import comparison_table
 from workbench.store import DEFAULT_STORE, StoreArg, opened_store
 from workbench.store.watched import WatchedRun, watched_runs
 from workbench.trials import run_trial
@@ -50,7 +51,7 @@ class Reproduction:
         lines += [f"  candidate {i + 1}: {title}" for i, title in enumerate(self.titles)]
         lines += [f"note: {note}" for note in self.notes]
         if self.run is not None:
-            lines.append(f"verified winner: {self.winner_config.describe()}")
+            lines += ["", comparison_table(self.run), f"verified winner: {self.winner_config.describe()}"]
         return "\n".join(lines)
 
 
