@@ -26,12 +26,14 @@ from workbench.store.watched import WatchedRun, watch_steps, watched_runs
 from workbench.textfmt import format_bytes, format_ms
 from workbench.ui.bokeh_view import BokehView, load_bokehjs
 from workbench.ui.charts import GPU_COLORS
+from workbench.watch.job import job_of
 
 _MIB = float(2**20)
 
 
 class Watch(BokehView):
-    """A watched job's live view: `Watch("bev-r50")` in a cell (the newest launch with that name)."""
+    """A watched job's live view: `Watch("bev-r50")` in a cell (the newest launch with that name, or
+    the launch a job id from `workbench job --json` names)."""
 
     def __init__(self, name: str, *, store: StoreArg = DEFAULT_STORE, interval_s: float = 1.0,
                  start: bool = True) -> None:  # fmt: skip
@@ -66,7 +68,8 @@ class Watch(BokehView):
             with opened_store(self._store, create=False) as store:
                 if store is None:
                     raise LookupError("the run history is off (WORKBENCH_STORE=off); pass store= the job's file")
-                runs = _newest_launch(watched_runs(store, name=self.name, limit=64))
+                found = watched_runs(store, name=self.name, limit=64) or watched_runs(store, job=self.name, limit=64)
+                runs = _newest_launch(found)
                 rows = {r.run_id: watch_steps(store, r.run_id, recent=True) for r in runs}
             self.error = "" if runs else f"no watched job named '{self.name}' yet: it shows once it has written a step"
         except Exception as exc:  # a missing or locked store: said in the view, tried again next tick
@@ -125,7 +128,7 @@ class Watch(BokehView):
         head = "<tr><th>run</th><th>state</th><th>step</th><th>steady step</th><th>data wait</th>" \
                "<th>peak memory</th><th>CPU</th><th>GPU</th></tr>"  # fmt: skip
         body = "".join(_row(run) for run in runs)
-        return f"<p><b>{html.escape(self.name)}</b></p><table class='workbench-watch'>{head}{body}</table>"
+        return f"<p><b>{html.escape(self.name)}</b>{_ranks_line(runs)}</p><table class='workbench-watch'>{head}{body}</table>"
 
     def _layout(self) -> Any:
         step = figure(title="Step time (ms), data wait shaded under it", height=260, sizing_mode="stretch_width",
@@ -148,6 +151,19 @@ def _newest_launch(runs: list[WatchedRun]) -> list[WatchedRun]:
     if newest.job is None:
         return [newest]
     return sorted((r for r in runs if r.job == newest.job), key=lambda r: r.rank or 0)
+
+
+def _ranks_line(runs: list[WatchedRun]) -> str:
+    """For a torchrun job: the straggler and the skew (or that the ranks keep pace)."""
+    if not runs or runs[0].job is None:
+        return ""
+    job = job_of(runs)
+    if job.straggler is None:
+        pace = f"ranks keep pace (skew {job.skew:.0%} of a step)" if job.skew is not None else " ".join(job.notes)
+        return f" — {html.escape(pace)}"
+    slow = next(r for r in job.ranks if r.rank == job.straggler)
+    return (f" — <b>straggler: rank {slow.rank}</b>, {job.skew:.0%} of a step later to the collective; "
+            f"its data wait {html.escape(_ms(slow.data_ms))} a step")  # fmt: skip
 
 
 def _label(run: WatchedRun) -> str:
