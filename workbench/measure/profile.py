@@ -145,13 +145,11 @@ def profile_window(
 
     dev = train_step.device
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-    floor_us = _op_floor_us(options.record_shapes) if dev.type == "cpu" else 0.0
     captured: dict[str, Any] = {}
 
     def on_ready(prof: Any) -> None:
         # Everything is read inside the handler: the events are freed once it returns.
-        captured["summary"] = _summarize(prof, dev.type, options, floor_us)
-        captured["trace"] = _write_trace(prof, options, trial_id)
+        captured["summary"] = summarize_profile(prof, dev.type, options, trial_id)
 
     total = options.wait + options.warmup + options.active
     sched = schedule(wait=options.wait, warmup=options.warmup, active=options.active, repeat=1)
@@ -163,13 +161,21 @@ def profile_window(
             synchronize(dev)
             prof.step()
     summary: ProfileSummary = captured["summary"]
-    summary.trace_path, summary.trace_bytes, summary.trace_note = captured["trace"]
     if options.memory_timeline:
         summary.memory_timeline = _memory_timeline(train_step, batches, config)
     if options.scan_syncs:
         from workbench.measure.syncscan import scan_syncs
 
         summary.syncs = scan_syncs(lambda: _profiled_step(train_step, batches, config, ranges=False), dev.type)
+    return summary
+
+
+def summarize_profile(prof: Any, device_type: str, options: ProfileOptions, trial_id: str) -> ProfileSummary:
+    """A recorded torch.profiler window reduced to a `ProfileSummary`, its trace written: the same for a
+    trial's window and for a watched job's window on demand (`workbench.watch`)."""
+    floor_us = _op_floor_us(options.record_shapes) if device_type == "cpu" else 0.0
+    summary = _summarize(prof, device_type, options, floor_us)
+    summary.trace_path, summary.trace_bytes, summary.trace_note = _write_trace(prof, options, trial_id)
     return summary
 
 

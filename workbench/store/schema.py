@@ -147,8 +147,28 @@ _V3 = [
     "CREATE INDEX watch_runs_by_job ON watch_runs(job, rank)",
 ]
 
+# Profiled windows of watched jobs, on demand (store/watch_profiles.py): a request row that the
+# job's writer takes, then the window's diagnosis and profile figures (JSON) on the same row.
+_V4 = [
+    """
+    CREATE TABLE watch_profiles (
+        id INTEGER PRIMARY KEY,
+        run_id INTEGER NOT NULL REFERENCES runs(id),
+        steps INTEGER NOT NULL,
+        status TEXT NOT NULL,          -- requested / started / done / failed
+        requested_at REAL NOT NULL,
+        first_step INTEGER,
+        last_step INTEGER,
+        message TEXT NOT NULL DEFAULT '',
+        diagnosis TEXT,
+        profile TEXT
+    )
+    """,
+    "CREATE INDEX watch_profiles_by_run ON watch_profiles(run_id, status)",
+]
+
 #: MIGRATIONS[i] takes a store from version i to version i + 1.
-MIGRATIONS: list[list[str]] = [_V1, _V2, _V3]
+MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4]
 
 
 def schema_version() -> int:

@@ -22,13 +22,17 @@ from bokeh.models import ColumnDataSource, HoverTool
 from bokeh.plotting import figure
 
 from workbench.store import DEFAULT_STORE, StoreArg, opened_store
+from workbench.store.watch_profiles import watch_profiles
 from workbench.store.watched import WatchedRun, watch_steps, watched_runs
 from workbench.textfmt import format_bytes, format_ms
 from workbench.ui.bokeh_view import BokehView, load_bokehjs
 from workbench.ui.charts import GPU_COLORS
 from workbench.watch.job import job_of
+from workbench.watch.requests import profile_job
 
 _MIB = float(2**20)
+#: Steps the view's button asks the job to profile.
+PROFILE_STEPS = 5
 
 
 class Watch(BokehView):
@@ -51,7 +55,13 @@ class Watch(BokehView):
         self.waits = ColumnDataSource(_empty("xs", "ys", "label", "color"), name="watch_data_ms")
         self.memory = ColumnDataSource(_empty("xs", "ys", "label", "color"), name="watch_memory")
         self.table = widgets.HTML()
-        self.widget = widgets.VBox([self.table, self.bokeh_model(self._layout())])
+        self.profile_button = widgets.Button(description=f"Profile next {PROFILE_STEPS} steps",
+                                             tooltip="the job profiles its next steps and diagnoses them; it never stops")  # fmt: skip
+        self.profile_button.on_click(lambda _: self.request_profile())
+        self.profile_note = widgets.HTML()
+        self.windows = widgets.HTML()
+        self.widget = widgets.VBox([self.table, widgets.HBox([self.profile_button, self.profile_note]), self.windows,
+                                    self.bokeh_model(self._layout())])  # fmt: skip
         self._thread: threading.Thread | None = None
         if start:
             self._thread = threading.Thread(target=self._poll, name="workbench-watch-view", daemon=True)
@@ -71,13 +81,23 @@ class Watch(BokehView):
                 found = watched_runs(store, name=self.name, limit=64) or watched_runs(store, job=self.name, limit=64)
                 runs = _newest_launch(found)
                 rows = {r.run_id: watch_steps(store, r.run_id, recent=True) for r in runs}
+                windows = [(r, w) for r in runs for w in watch_profiles(store, r.run_id)]
             self.error = "" if runs else f"no watched job named '{self.name}' yet: it shows once it has written a step"
         except Exception as exc:  # a missing or locked store: said in the view, tried again next tick
-            runs, rows, self.error = [], {}, f"cannot read the run history: {exc}"
+            runs, rows, windows, self.error = [], {}, [], f"cannot read the run history: {exc}"
         with self._lock:
             self.runs = runs
             self._set_charts(runs, rows)
             self.table.value = self._table_html(runs)
+            self.windows.value = _windows_html(windows)
+
+    def request_profile(self, steps: int = 0) -> None:
+        """Ask the running job (every rank of it) for a profiled window; the result shows below when done."""
+        try:
+            ids = profile_job(self.name, steps or PROFILE_STEPS, self._store)
+            self.profile_note.value = html.escape(f"asked ({len(ids)} run(s)): the job takes it at its next flush")
+        except (LookupError, ValueError, OSError) as exc:  # said in the view, never raised into the notebook
+            self.profile_note.value = html.escape(str(exc))
 
     def close(self) -> None:
         self._closed.set()
@@ -141,6 +161,25 @@ class Watch(BokehView):
                      x_axis_label="step", tools="", toolbar_location=None)  # fmt: skip
         mem.multi_line(xs="xs", ys="ys", line_color="color", line_width=2, source=self.memory)
         return column(step, mem, sizing_mode="stretch_width")
+
+
+def _windows_html(windows: list[tuple[WatchedRun, Any]]) -> str:
+    """Each profiled window: its steps, and the diagnosis's primary finding with its first fix."""
+    lines = []
+    for run, window in windows:
+        where = f"{_label(run)}, steps {window.first_step}-{window.last_step}" if window.first_step else _label(run)
+        if window.status != "done":
+            lines.append(f"{where}: profile {window.status}" + (f" ({window.message})" if window.message else ""))
+            continue
+        findings = (window.diagnosis or {}).get("findings") or []
+        if not findings:
+            lines.append(f"{where}: profiled; no bottleneck found")
+            continue
+        top = findings[0]
+        fix = (top.get("recommendations") or [{}])[0].get("title", "")
+        lines.append(f"{where}: <b>{html.escape(top['title'])}</b> — {html.escape(top['summary'])}"
+                     + (f"; try: {html.escape(fix)}" if fix else ""))  # fmt: skip
+    return "<br>".join(lines)
 
 
 def _newest_launch(runs: list[WatchedRun]) -> list[WatchedRun]:

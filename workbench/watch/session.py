@@ -21,6 +21,8 @@ from typing import Any
 import torch
 
 from workbench.store import DEFAULT_STORE, StoreArg
+from workbench.store.watch_profiles import MAX_STEPS
+from workbench.watch.profiling import WatchProfile, WindowProfiler
 from workbench.watch.writer import RawStep, Writer
 
 #: How long leaving the context waits for the last flush (the run is then marked ended).
@@ -53,8 +55,10 @@ class Watch:
         self.config = _config_dict(config)
         self.device = _device_of(model)
         self._cuda = self.device.type == "cuda"
+        self._profiler = WindowProfiler(self.device)
         self._writer = Writer(store, name=self.name, config=self.config, warmup=warmup, device=self.device,
-                              flush_s=flush_s, capacity=capacity, max_rows=max_rows, recent=recent)  # fmt: skip
+                              flush_s=flush_s, capacity=capacity, max_rows=max_rows, recent=recent,
+                              profiler=self._profiler)  # fmt: skip
         self.steps = 0
         self._state = "new"  # new -> active -> closed; 'inert' for a watch nested in another
         self._warned: set[str] = set()
@@ -82,6 +86,24 @@ class Watch:
         """Flushes the store refused (or could not be opened for); their rows are sent again later."""
         return self._writer.dropped_writes
 
+    @property
+    def last_profile(self) -> WatchProfile | None:
+        """The newest profiled window's diagnosis and figures, once the writer has reduced it."""
+        return self._writer.last_profile
+
+    def profile(self, steps: int = 5) -> None:
+        """Profile the job's next `steps` steps (after one for the profiler's start-up) and diagnose them
+        as a workbench trial is; the result lands in `last_profile` and the run history. Never blocks."""
+        if self._state != "active":
+            self._warn("profile-outside", f"w.profile() outside `with wb.watch(...)` ('{self.name}') is ignored")
+            return
+        if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
+            self._warn("profile-steps", f"w.profile(steps={steps!r}) is ignored: steps must be a whole number "
+                                        f"from 1 to {MAX_STEPS} (the profiler slows every step it records)")  # fmt: skip
+            return
+        if not self._profiler.request(steps):
+            self._warn("profile-busy", "w.profile() while a window is being profiled is ignored: one at a time")
+
     def __enter__(self) -> Watch:
         global _active
         if _active is not None:
@@ -104,6 +126,7 @@ class Watch:
         _active = None
         for handle in self._hooks:
             handle.remove()
+        self._profiler.abandon()
         if self.steps == 0:
             self._warn("no-step", f"wb.watch('{self.name}') saw no step: call w.step() once per training step, "
                                   "or pass the optimizer (its step() then marks each step)")  # fmt: skip
@@ -115,6 +138,7 @@ class Watch:
         iterator = iter(iterable)
         clock = time.perf_counter
         while True:
+            self._profiler.open_range("data")
             begin = clock()
             try:
                 item = next(iterator)
@@ -151,6 +175,9 @@ class Watch:
                                    loss, peak))  # fmt: skip
         self._start, self._data_s = end, 0.0
         self._forward, self._optimizer = [None, None], [None, None]
+        window = self._profiler.after_step(self.steps)
+        if window is not None:
+            self._writer.offer_profile(window)
 
     def _stamp(self) -> Any:
         if not self._cuda:
@@ -170,15 +197,19 @@ class Watch:
     def _forward_begins(self, *_: Any) -> None:
         if self._forward[0] is None:
             self._forward[0] = self._stamp()
+        self._profiler.open_range("forward")
 
     def _forward_ends(self, *_: Any) -> None:
         self._forward[1] = self._stamp()
+        self._profiler.open_range("backward")
 
     def _optimizer_begins(self, *_: Any) -> None:
         self._optimizer[0] = self._stamp()
+        self._profiler.open_range("optimizer")
 
     def _optimizer_ends(self, *_: Any) -> None:
         self._optimizer[1] = self._stamp()
+        self._profiler.close_range()
         if not self._user_steps:
             self._mark(None)
 

@@ -24,7 +24,9 @@ from workbench.fingerprint import environment_fingerprint
 from workbench.measure.monitor import DeviceMonitor
 from workbench.store import DEFAULT_STORE, StoreArg, default_store_path
 from workbench.store.core import Store
+from workbench.store.watch_profiles import save_profile, take_request
 from workbench.store.watched import StepRow, flush_watch_run, start_watch_run
+from workbench.watch.profiling import ProfileJob, WatchProfile, WindowProfiler, reduce_window
 from workbench.watch.ranks import rank_info
 from workbench.watch.steps import StepHistory
 from workbench.watch.summary import run_summary, window_utilization
@@ -49,7 +51,8 @@ class Writer:
     """Owns the daemon thread; `offer()` is the only call the training thread makes."""
 
     def __init__(self, store: StoreArg, *, name: str, config: dict[str, Any], warmup: int, device: Any,
-                 flush_s: float, capacity: int, max_rows: int, recent: int) -> None:  # fmt: skip
+                 flush_s: float, capacity: int, max_rows: int, recent: int,
+                 profiler: WindowProfiler | None = None) -> None:  # fmt: skip
         self.name, self.config, self.warmup, self.device = name, config, warmup, device
         self.flush_s = flush_s
         self.capacity = capacity
@@ -59,6 +62,9 @@ class Writer:
         self.dropped_writes = 0
         self.last_error = ""
         self._store_arg = store
+        self.profiler = profiler
+        self.last_profile: WatchProfile | None = None
+        self._windows: collections.deque[ProfileJob] = collections.deque()
         self._pending: collections.deque[RawStep] = collections.deque()
         self._unresolved: collections.deque[RawStep] = collections.deque()
         self._stop = threading.Event()
@@ -77,6 +83,10 @@ class Writer:
             self._pending.append(record)
         else:
             self.dropped_steps += 1
+
+    def offer_profile(self, window: ProfileJob) -> None:
+        """A finished profiled window, reduced and stored on this thread."""
+        self._windows.append(window)
 
     def close(self, ended: str, timeout_s: float) -> None:
         """Ask for the last flush (marking the run ended) and wait for it at most `timeout_s`."""
@@ -101,6 +111,7 @@ class Writer:
                 if store is None:
                     store = self._open()
                 self._flush(store, ended=self._ended if stopping else None)
+                self._profile_windows(store, final=stopping)
                 if stopping:
                     return
         finally:
@@ -155,6 +166,33 @@ class Writer:
             self.dropped_writes += 1
             self.history.changes_lost()
             self._report(f"{type(exc).__name__}: {exc}")
+
+    def _profile_windows(self, store: Store | None, final: bool) -> None:
+        """Reduce and store finished windows whose steps are resolved; take a request made from outside."""
+        while self._windows and (final or self.history.last_step >= self._windows[0].last_step):
+            window = self._windows.popleft()
+            try:
+                result = reduce_window(window, list(self.history.recent), self.config, self.name, self.device)
+            except Exception as exc:  # a window that cannot be reduced is reported, never raised in the job
+                result = WatchProfile(None, None, window.first_step, window.last_step, f"{type(exc).__name__}: {exc}")
+            self.last_profile = result
+            if store is not None and self.run_id is not None:
+                try:
+                    save_profile(store, self.run_id, window.request_id, steps=window.options.active,
+                                 first_step=result.first_step, last_step=result.last_step,
+                                 diagnosis=result.diagnosis.to_dict() if result.diagnosis else None,
+                                 profile=result.profile, message=result.message)  # fmt: skip
+                except Exception as exc:
+                    self.dropped_writes += 1
+                    self._report(f"{type(exc).__name__}: {exc}")
+        if final or store is None or self.run_id is None or self.profiler is None or self.profiler.busy:
+            return
+        try:
+            request = take_request(store, self.run_id)
+        except Exception:  # an older store or a locked file: asked again at the next flush
+            return
+        if request is not None:
+            self.profiler.request(request[1], request[0])
 
     def _add_energy(self, window: dict[str, Any]) -> None:
         if window.get("energy_j") is not None:
