@@ -147,6 +147,19 @@ class Watch:
             self._data_s += clock() - begin
             yield item
 
+    def data_wait(self, seconds: float) -> None:
+        """Add time the loop waited for its next batch, measured by the caller (a framework's hooks, where
+        `batches()` cannot wrap the loader); it counts toward the current step's data wait."""
+        if self._state == "active" and seconds > 0:
+            self._data_s += float(seconds)
+
+    def reset_clock(self) -> None:
+        """Start the next step's clock now: the time since the last step (an evaluation pass, a checkpoint
+        save) is not part of any training step."""
+        if self._state == "active":
+            self._start, self._data_s = self._stamp(), 0.0
+            self._forward, self._optimizer = [None, None], [None, None]
+
     def step(self, loss: Any = None) -> None:
         """Mark the end of one training step (optionally with its loss: a float or a tensor, read later)."""
         if self._state != "active":

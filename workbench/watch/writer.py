@@ -233,6 +233,10 @@ def _resolve(r: RawStep) -> StepRow:
             backward = _elapsed_ms(r.forward[1], r.optimizer[0])
     if r.optimizer is not None:
         optimizer = _elapsed_ms(*r.optimizer)
+    if backward is not None and backward < 0:
+        # The optimizer step began before the forward ended: it runs the forward and backward inside
+        # (a closure, as Lightning's loop does), so its time holds them and backward has no edge.
+        backward = optimizer = None
     return StepRow(r.step, 1, r.wall_time, _elapsed_ms(r.start, r.end), r.data_s * 1000.0, forward, backward,
                    optimizer, r.peak_memory_bytes, _loss_value(r.loss))  # fmt: skip
 
