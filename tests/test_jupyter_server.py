@@ -265,6 +265,77 @@ def test_watch_lists_jobs_from_other_processes_with_their_newest_step(
     assert error_of(api, "watch", limit=0)[0] == 400
 
 
+SLOW_LOADER_JOB = """
+import sys, time, torch
+import workbench as wb
+
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+def loader():
+    while True:
+        time.sleep(0.03)  # the job's bottleneck: its data
+        yield torch.randn(4, 8)
+
+with wb.watch(model, opt, name="panel-job", store=sys.argv[1], flush_s=0.2, warmup=1) as w:
+    for step, batch in zip(range(2000), w.batches(loader())):
+        model(batch).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        w.step()
+"""
+
+
+def test_a_post_asks_a_running_job_for_a_profiled_window_and_the_list_shows_its_finding(
+    api: Callable[..., HTTPResponse], jp_fetch: Any, jp_asyncio_loop: Any, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    import signal
+
+    path = tmp_path / "history.sqlite"
+    monkeypatch.setenv("WORKBENCH_STORE", str(path))
+    script = tmp_path / "job.py"
+    script.write_text(SLOW_LOADER_JOB)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    job = subprocess.Popen([sys.executable, str(script), str(path)], env=env)
+
+    def post(run: int, **params: Any) -> HTTPResponse:
+        response: HTTPResponse = jp_asyncio_loop.run_until_complete(
+            jp_fetch("workbench", "api", "watch", str(run), "profile", method="POST", body="", params=params or None)
+        )
+        return response
+
+    try:
+        jobs: list[dict[str, Any]] = []
+        for _ in range(300):
+            jobs = get_json(api, "watch")["jobs"] if path.exists() else []
+            if jobs and jobs[0]["last_step"] >= 3:
+                break
+            time.sleep(0.1)
+        run = jobs[0]["run_id"]
+        assert json.loads(post(run, steps=3).body)["steps"] == 3
+        shown = None
+        for _ in range(300):
+            shown = get_json(api, "watch")["jobs"][0]["profile"]
+            if shown and shown["status"] in ("done", "failed"):
+                break
+            time.sleep(0.1)
+        assert shown is not None and shown["status"] == "done" and shown["finding"] == "Data loading bound", shown
+        assert "worker" in shown["fix"] and shown["last_step"] - shown["first_step"] == 2
+        with pytest.raises(HTTPClientError) as bad:
+            post(run, steps=0)
+        assert bad.value.code == 400
+        with pytest.raises(HTTPClientError) as unknown:
+            post(run + 99)
+        assert unknown.value.code == 404
+    finally:
+        job.send_signal(signal.SIGINT)
+        job.wait(timeout=30)
+    with pytest.raises(HTTPClientError) as ended:
+        post(run)
+    assert ended.value.code == 409 and b"only a running job" in (ended.value.response.body or b"")
+
+
 def test_the_quickstart_template_is_served_with_outputs_cleared(api: Callable[..., HTTPResponse]) -> None:
     if not QUICKSTART.is_file():
         pytest.fail(f"{QUICKSTART} is missing: 'New tuning notebook' has nothing to copy")
@@ -289,7 +360,15 @@ def test_only_allow_listed_templates_are_read(api: Callable[..., HTTPResponse], 
 # --- authentication ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", ["metrics", "capabilities", "runs", "notebooks/quickstart"])
+def test_a_post_without_the_token_is_refused(http_server_client: Any, jp_asyncio_loop: Any, jp_base_url: str) -> None:
+    url = f"{jp_base_url}workbench/api/watch/1/profile"
+    response = jp_asyncio_loop.run_until_complete(
+        http_server_client.fetch(url, method="POST", body="", raise_error=False)
+    )
+    assert response.code == 403, response.body
+
+
+@pytest.mark.parametrize("path", ["metrics", "capabilities", "runs", "watch", "notebooks/quickstart"])
 def test_requests_without_the_token_are_refused(
     http_server_client: Any, jp_asyncio_loop: Any, jp_base_url: str, jp_serverapp: Any, path: str
 ) -> None:

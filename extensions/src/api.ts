@@ -11,13 +11,14 @@ import { ServerConnection } from '@jupyterlab/services';
 
 import { apiUrl } from './urls';
 
-/** GET a JSON endpoint; a non-2xx answer raises `ServerConnection.ResponseError` with the server's message. */
+/** GET (or, with `init`, POST) a JSON endpoint; a non-2xx answer raises `ServerConnection.ResponseError` with the server's message. */
 export async function requestAPI<T>(
   endpoint: string,
   query: Record<string, string | number> = {},
+  init: RequestInit = {},
   settings: ServerConnection.ISettings = ServerConnection.makeSettings()
 ): Promise<T> {
-  const response = await ServerConnection.makeRequest(apiUrl(settings.baseUrl, endpoint, query), {}, settings);
+  const response = await ServerConnection.makeRequest(apiUrl(settings.baseUrl, endpoint, query), init, settings);
   const text = await response.text();
   let data: unknown = null;
   if (text.length > 0) {

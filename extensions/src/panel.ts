@@ -11,7 +11,7 @@ import { Widget } from '@lumino/widgets';
 
 import { DeviceChart } from './chart';
 import { MetricsModel } from './model';
-import { jobLine, jobTitle, WatchedJobsModel } from './watched';
+import { jobLine, jobTitle, profileLine, requestProfile, WatchedJobsModel } from './watched';
 
 export class WorkbenchPanel extends Widget {
   constructor(options: { model: MetricsModel; watched: WatchedJobsModel; onNewNotebook: () => void }) {
@@ -92,6 +92,31 @@ export class WorkbenchPanel extends Widget {
         line.textContent = jobLine(job);
         item.title = job.job ?? job.host ?? '';
         item.append(title, document.createElement('br'), line);
+        const profiled = profileLine(job);
+        if (profiled) {
+          const finding = document.createElement('div');
+          finding.className = 'jp-WorkbenchPanel-profile';
+          finding.textContent = profiled;
+          item.append(finding);
+        }
+        if (job.status === 'running') {
+          const button = document.createElement('button');
+          button.className = 'jp-WorkbenchPanel-profileButton jp-mod-styled';
+          button.textContent = 'Profile 5 steps';
+          button.title = 'The job profiles its next 5 steps and diagnoses them; it never stops';
+          button.addEventListener('click', () => {
+            button.disabled = true;
+            requestProfile(job.run_id).then(
+              () => void this._watched.refresh(),
+              reason => {
+                button.disabled = false;
+                this._jobsNote.textContent = `Cannot ask for a profile: ${reason instanceof Error ? reason.message : reason}`;
+                this._jobsNote.hidden = false;
+              }
+            );
+          });
+          item.append(button);
+        }
         return item;
       })
     );

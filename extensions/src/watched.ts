@@ -32,6 +32,17 @@ export interface IWatchedJob {
     peak_memory_bytes: number | null;
     loss: number | null;
   } | null;
+  /** The newest profiled window (or open request), with the diagnosis's primary finding once done. */
+  profile: {
+    id: number;
+    status: string;
+    first_step: number | null;
+    last_step: number | null;
+    message: string;
+    finding: string | null;
+    summary: string | null;
+    fix: string | null;
+  } | null;
 }
 
 export interface IWatchReply {
@@ -66,6 +77,30 @@ export function jobLine(job: IWatchedJob): string {
     parts.push(job.message);
   }
   return parts.join(' · ');
+}
+
+/** The newest profiled window in a line: under way, or its finding and the first fix to try. */
+export function profileLine(job: IWatchedJob): string {
+  const window = job.profile;
+  if (!window) {
+    return '';
+  }
+  if (window.status === 'requested' || window.status === 'started') {
+    return 'profiling the next steps…';
+  }
+  const where = window.first_step !== null ? `steps ${window.first_step}–${window.last_step}: ` : '';
+  if (window.status !== 'done') {
+    return `${where}profile ${window.status}${window.message ? ` (${window.message})` : ''}`;
+  }
+  if (!window.finding) {
+    return `${where}no bottleneck found`;
+  }
+  return `${where}${window.finding}${window.fix ? ` — try: ${window.fix}` : ''}`;
+}
+
+/** Ask a running job to profile its next steps (it takes the request within about a second). */
+export async function requestProfile(runId: number, steps = 5): Promise<void> {
+  await requestAPI(`watch/${runId}/profile`, { steps }, { method: 'POST' });
 }
 
 export function formatMs(ms: number): string {

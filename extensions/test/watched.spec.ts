@@ -1,4 +1,4 @@
-import { formatBytes, IWatchedJob, jobLine, jobTitle } from '../src/watched';
+import { formatBytes, IWatchedJob, jobLine, jobTitle, profileLine } from '../src/watched';
 
 function job(overrides: Partial<IWatchedJob> = {}): IWatchedJob {
   return {
@@ -15,6 +15,7 @@ function job(overrides: Partial<IWatchedJob> = {}): IWatchedJob {
     last_step: 120,
     steady_median_ms: 98.25,
     step: { step: 120, wall_time: 3, step_ms: 101.5, data_ms: 50.25, peak_memory_bytes: 3 * 1024 ** 3, loss: 0.123456 },
+    profile: null,
     ...overrides
   };
 }
@@ -35,5 +36,26 @@ describe('watched jobs', () => {
     const bare = job({ status: 'killed', message: 'last step 3', steady_median_ms: null, step: null, last_step: 3 });
     expect(jobLine(bare)).toBe('killed · step 3 · last step 3');
     expect(formatBytes(512)).toBe('512 B');
+  });
+
+  it('says a profiled window is under way, then its finding and the first fix', () => {
+    const window = { id: 1, first_step: null, last_step: null, message: '', finding: null, summary: null, fix: null };
+    expect(profileLine(job())).toBe('');
+    expect(profileLine(job({ profile: { ...window, status: 'requested' } }))).toBe('profiling the next steps…');
+    const done = {
+      ...window,
+      status: 'done',
+      first_step: 14,
+      last_step: 18,
+      finding: 'Data loading bound',
+      fix: 'Load batches in 2 worker process(es)'
+    };
+    expect(profileLine(job({ profile: done }))).toBe(
+      'steps 14–18: Data loading bound — try: Load batches in 2 worker process(es)'
+    );
+    expect(profileLine(job({ profile: { ...done, finding: null } }))).toBe('steps 14–18: no bottleneck found');
+    expect(profileLine(job({ profile: { ...window, status: 'failed', message: 'no timed step' } }))).toBe(
+      'profile failed (no timed step)'
+    );
   });
 });

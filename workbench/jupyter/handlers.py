@@ -3,8 +3,9 @@
 Every verb carries `@tornado.web.authenticated` (`scripts/check-auth` fails CI otherwise),
 so a request without the server's token or cookie gets 403 before any handler code runs.
 Handlers only parse query arguments and write JSON; what they serve comes from
-`feed.py` and `sources.py`. Read-only: there is no POST/PUT/DELETE, and no argument is
-ever used as a path or as code.
+`feed.py` and `sources.py`. No argument is ever used as a path or as code. One write, and only
+one: `POST watch/<run>/profile` adds a profile request row to the run history (the watched job
+takes it at its next flush); Jupyter's XSRF check guards it like any POST.
 """
 
 from __future__ import annotations
@@ -98,6 +99,18 @@ class WatchHandler(_WorkbenchHandler):
             self.fail(error)
 
 
+class WatchProfileHandler(_WorkbenchHandler):
+    """`POST watch/<run id>/profile?steps=N`: ask a running watched job to profile its next N steps."""
+
+    @tornado.web.authenticated
+    async def post(self, run_id: str) -> None:
+        steps = int(self.float_arg("steps", 5, 1, 50) or 5)
+        try:
+            self.reply(await asyncio.to_thread(sources.request_watch_profile, int(run_id), steps))
+        except sources.SourceError as error:
+            self.fail(error)
+
+
 class NotebookTemplateHandler(_WorkbenchHandler):
     """A packaged notebook (nbformat JSON) by template name, for "New tuning notebook"."""
 
@@ -115,6 +128,7 @@ ROUTES: list[tuple[str, type[APIHandler]]] = [
     ("capabilities", CapabilitiesHandler),
     ("runs", RunsHandler),
     ("watch", WatchHandler),
+    (r"watch/([0-9]+)/profile", WatchProfileHandler),
     (r"notebooks/([a-z0-9_-]+)", NotebookTemplateHandler),
 ]
 

@@ -128,6 +128,7 @@ def list_watched(limit: int) -> dict[str, Any]:
     newest rows. No socket from the job to the server, so a dead server costs the job nothing.
     """
     from workbench.store import Store, StoreError, default_store_path
+    from workbench.store.watch_profiles import watch_profiles
     from workbench.store.watched import last_steps, watched_runs
 
     path = default_store_path()
@@ -139,6 +140,7 @@ def list_watched(limit: int) -> dict[str, Any]:
         with Store(path, create=False) as store:
             runs = watched_runs(store, limit=limit)
             newest = last_steps(store, [r.run_id for r in runs])
+            windows = {r.run_id: watch_profiles(store, r.run_id)[-1:] for r in runs}
     except StoreError as exc:
         raise SourceError(500, f"cannot read the run store: {exc}") from None
     jobs = []
@@ -152,8 +154,45 @@ def list_watched(limit: int) -> dict[str, Any]:
             "step": None if step is None else {"step": step.first_step, "wall_time": step.wall_time,
                                                "step_ms": step.step_ms, "data_ms": step.data_ms,
                                                "peak_memory_bytes": step.peak_memory_bytes, "loss": step.loss},
+            "profile": _window(windows[run.run_id][0]) if windows[run.run_id] else None,
         })  # fmt: skip
     return _finite({"jobs": jobs, "store": str(path), "note": ""})
+
+
+def _window(window: Any) -> dict[str, Any]:
+    """The newest profiled window of a job: its state and, when done, the primary finding and first fix."""
+    findings = (window.diagnosis or {}).get("findings") or []
+    top = findings[0] if findings else {}
+    fixes = top.get("recommendations") or [{}]
+    return {"id": window.id, "status": window.status, "first_step": window.first_step, "last_step": window.last_step,
+            "message": window.message, "finding": top.get("title"), "summary": top.get("summary"),
+            "fix": fixes[0].get("title")}  # fmt: skip
+
+
+def request_watch_profile(run_id: int, steps: int) -> dict[str, Any]:
+    """Ask the running watched job of run `run_id` to profile its next `steps` steps (the panel's button)."""
+    from workbench.store import Store, StoreError, default_store_path
+    from workbench.store.watch_profiles import check_steps, request_profile
+    from workbench.store.watched import watched_run
+
+    try:
+        check_steps(steps)
+    except ValueError as exc:
+        raise SourceError(400, str(exc)) from None
+    path = default_store_path()
+    if path is None or not path.exists():
+        raise SourceError(404, "no run history: there is no watched job to profile")
+    try:
+        with Store(path, create=False) as store:
+            try:
+                run = watched_run(store, run_id)
+            except KeyError as exc:
+                raise SourceError(404, str(exc.args[0])) from None
+            if run.status != "running":
+                raise SourceError(409, f"watched run {run_id} is {run.status}: only a running job can be profiled")
+            return {"request": request_profile(store, run_id, steps), "run_id": run_id, "steps": steps}
+    except StoreError as exc:
+        raise SourceError(500, f"cannot write the run store: {exc}") from None
 
 
 def _finite(value: Any) -> Any:
