@@ -40,8 +40,38 @@ def test_default_space_offers_only_what_this_cpu_runs() -> None:
     assert space.values["num_workers"] == (0, 2)
     assert space.values["batch_size"] == (4, 8, 16)
     caps = capabilities("cpu")
-    for name in ("amp", "optimizer_impl", "attention_backend"):
+    for name in ("optimizer_impl", "attention_backend"):
         assert set(space.values[name]) == {v for v, a in caps[name].items() if a.available}
+
+
+def test_the_default_space_leaves_out_the_dtypes_this_cpu_only_emulates() -> None:
+    """fp16 never on a CPU; bf16 exactly when it measures faster than fp32 here (hosts of one kind
+    differ). A space file may still name either: the dtype runs, it is just not searched by default."""
+    import time
+
+    import torch
+
+    from workbench.device import cpu_bf16_speedup
+
+    amp = default_space(8, "cpu", cpu_cores=2).values["amp"]
+    assert "fp16" not in amp and amp[0] == "fp32"
+    assert ("bf16" in amp) == (cpu_bf16_speedup() > 1.0)
+    # an independent look at the same question: a larger matmul, timed here
+    a, b = torch.randn(512, 512), torch.randn(512, 512)
+
+    def best(dtype: torch.dtype) -> float:
+        x, y = a.to(dtype), b.to(dtype)
+        times = []
+        for _ in range(5):
+            began = time.perf_counter()
+            x @ y
+            times.append(time.perf_counter() - began)
+        return min(times)
+
+    faster = best(torch.float32) / best(torch.bfloat16)
+    if faster > 1.3 or faster < 0.7:  # a clear answer either way must agree with the space
+        assert ("bf16" in amp) == (faster > 1.0), faster
+    assert user_space({"amp": ["fp32", "fp16"]}, "cpu").searched == {"amp": ("fp32", "fp16")}
 
 
 def test_global_batch_keeps_batch_times_accumulation() -> None:

@@ -36,6 +36,7 @@ class SpaceContext:
     global_batch: int | None
     compile_modes: tuple[Any, ...]
     """The compile values searched: levers that act through the compiler join only when it is."""
+    device_type: str = "cpu"
 
     def available(self, name: str, values: tuple[Any, ...] | None = None) -> tuple[Any, ...]:
         """The values of `name` (all listed ones, or `values`) this device runs, in that order."""

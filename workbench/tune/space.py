@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import ConfigError, TrainConfig, field_choices, field_names, parse_value
-from workbench.device import device_info
+from workbench.device import device_info, resolve_device
 from workbench.levers import capabilities, check_config, registry
 from workbench.levers.base import SpaceContext
 from workbench.levers.compile import searched_compile_modes
@@ -118,7 +118,8 @@ def default_space(
 
     caps = capabilities(device)
     cores = cpu_cores or device_info(device).cpu_cores
-    context = SpaceContext(caps, workload_batch, cores, global_batch, searched_compile_modes(caps))
+    context = SpaceContext(caps, workload_batch, cores, global_batch, searched_compile_modes(caps),
+                           resolve_device(device).type)  # fmt: skip
     values: dict[str, tuple[Any, ...]] = {}
     for lever in registry.LEVERS:
         if lever.space is not None:
