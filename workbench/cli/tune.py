@@ -99,11 +99,19 @@ def summary(result: Any) -> str:
         ci = best["speedup_ci"]
         interval = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
         head = "best" if best["winner"] else "fastest contender (not significantly better than the baseline)"
+        if best["winner"] and data["tied"]:
+            head = "tied at the top (within noise; the first is the fastest measured, not a verdict)"
         lines.append(
             f"{head}: {best['describe']}  {best['speedup']:.2f}x{interval} over the baseline, {best['verdict']}"
         )
         for other in data["runner_ups"]:
             lines.append(f"  not significantly worse: {other['describe']} {other['speedup']:.2f}x")
+    recommended = data.get("recommended") or {}
+    if recommended.get("candidates"):
+        helped = ", ".join(recommended["helped"]) or "none verified faster"
+        lines.append(f"recommendations measured first: {len(recommended['candidates'])}; verified faster: {helped}"
+                     + (f"; combined: {recommended['combined']}" if recommended.get("combined") else ""))  # fmt: skip
+    lines.append(f"sampler: {data['sampler']} (the same inputs and seed propose the same configurations)")
     rows = [[t["number"], t["stage"], _params(t["params"]), t["status"],
              f"{t['cost_ms']:.3g}" if t["cost_ms"] is not None else "-", format_bytes(t["peak_memory_bytes"]),
              t["reason"][:60]] for t in data["trials"]]  # fmt: skip

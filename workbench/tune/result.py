@@ -17,6 +17,7 @@ from workbench.tune.objective import Objective, pareto_front
 from workbench.tune.space import SearchSpace
 
 if TYPE_CHECKING:
+    from workbench.tune.recommended import Recommended
     from workbench.tune.screening import Screening, TunedTrial
     from workbench.tune.verify import Rung
 
@@ -42,6 +43,15 @@ class TuneResult:
     budget_used_s: float = 0.0
     stop_reason: str = ""
     notes: list[str] = field(default_factory=list)
+    seed: int = 0
+    """The sampler's seed: the same inputs and seed give the same sequence of proposals."""
+    recommended: Recommended | None = None
+    """The diagnosis's recommendations, measured first: one protocol rung, the verified ones combined."""
+
+    @property
+    def tied(self) -> bool:
+        """The top is a tie: the best is not significantly better than the runner-ups (within noise)."""
+        return bool(self.runner_ups())
 
     @property
     def trials(self) -> list[TunedTrial]:
@@ -134,6 +144,10 @@ class TuneResult:
             "pareto": [t.to_dict() for t in self.pareto()],
             "rungs": [r.to_dict() for r in self.rungs],
             "seeds": self.seeds,
+            "seed": self.seed,
+            "sampler": f"optuna TPESampler(seed={self.seed})",
+            "tied": self.tied,
+            "recommended": self.recommended.to_dict() if self.recommended is not None else None,
             "largest_batch": self.largest_batch,
             "resumed_trials": self.resumed_trials,
             "budget_s": self.budget_s,

@@ -1,9 +1,12 @@
 """`tune()`: the fastest configuration that fits, within a time budget, verified by the protocol.
 
-Order of work: the baseline (profiled, so its diagnosis seeds the first candidates), the
-largest batch the memory limit allows (estimate, then one verifying trial), screening by
-Optuna until its share of the budget is spent, then successive halving of the contenders
-over `run_protocol` rounds, the last rung being the verification against the baseline.
+Order of work: the baseline (profiled, so it can be diagnosed), the diagnosis's recommendations
+measured first and verified by the protocol (`recommended.py`; the ones that help combined), the
+largest batch the memory limit allows (estimate, then one verifying trial), screening by Optuna
+(seeded: the same inputs give the same proposals) until its share of the budget is spent, then
+successive halving of the contenders over `run_protocol` rounds, the last rung being the
+verification against the baseline; the best verified recommendation and the combination always
+reach it.
 Every trial is saved to one "tune" run as it ends, which is what `resume=True` continues.
 """
 
@@ -25,6 +28,7 @@ from workbench.store import DEFAULT_STORE, StoreArg
 from workbench.trials import run_trial
 from workbench.tune import record as rec
 from workbench.tune.objective import DEFAULT_PLANNED_STEPS, Objective, choose_kind, cost_ms
+from workbench.tune.recommended import Recommended, combine, recommended_configs, verified_faster
 from workbench.tune.result import TuneResult
 from workbench.tune.screening import Screening, TunedTrial
 from workbench.tune.space import SearchSpace, check_space, default_space, user_space
@@ -37,6 +41,8 @@ SCREEN_SHARE = 0.55
 """Share of the budget for screening; the rest buys protocol rounds for the contenders."""
 BASELINE_SHARE = 0.25
 """A baseline trial that takes more than this share of the budget leaves no room for a search."""
+RECOMMEND_SHARE = 0.4
+"""Share of the budget the protocol may spend verifying the diagnosis's recommendations."""
 
 SEED_PROFILE = ProfileOptions(wait=0, warmup=1, active=1, record_shapes=False, scan_syncs=False, memory_timeline=False)
 """The baseline's profiled window, after its timed one: enough for the diagnosis's shares, kept
@@ -119,7 +125,7 @@ class _Search:
     ) -> TuneResult:
         self.began, self.budget_s = began, budget_s
         result = TuneResult(workload=self.workload.name, preset=self.window["preset"], objective=self.goal,
-                            space=self.space, valid_configs=valid, budget_s=budget_s, run_id=None)  # fmt: skip
+                            space=self.space, valid_configs=valid, budget_s=budget_s, run_id=None, seed=seed)  # fmt: skip
         base = self._baseline(seed_from_diagnosis and not self.record.previous)
         result.baseline = base
         if not base.ok:
@@ -139,7 +145,10 @@ class _Search:
             if label in (rec.SCREEN, rec.VERIFY_BATCH) and screening.replay(stored, label) is not None:
                 result.resumed_trials += 1
         if not self.record.previous:
-            result.seeds = self._seed(screening, base) if seed_from_diagnosis else []
+            if seed_from_diagnosis:
+                result.recommended = self._recommended(screening, base, result)
+                result.seeds = [{k: c[k] for k in ("finding", "title", "changes")}
+                                for c in result.recommended.candidates]  # fmt: skip
             result.largest_batch = self._largest_batch(screening)
         self._screen(screening, valid)
         result.stop_reason = "cancelled" if self.cancel.is_set() else ""
@@ -159,21 +168,48 @@ class _Search:
                    "median_step_ms": result.median_step_ms, "peak_memory_bytes": result.peak_memory_bytes}})  # fmt: skip
         return result
 
-    def _seed(self, screening: Screening, base: TrialResult) -> list[dict[str, Any]]:
-        """The baseline diagnosis's recommendations, tried first ("check every recommendation")."""
-        from workbench.analysis.diagnose import diagnose
-
-        seeds = []
-        try:
-            findings = diagnose(base).findings
-        except Exception as exc:  # a diagnosis is advice for the start order; the search works without it
-            self.notes.append(f"no diagnosis seeds: {type(exc).__name__}: {exc}")
-            return []
-        for finding in findings:
-            for advice in finding.recommendations:
-                if advice.actionable and screening.enqueue(dict(advice.changes)):
-                    seeds.append({"finding": finding.title, "title": advice.title, "changes": dict(advice.changes)})
-        return seeds
+    def _recommended(self, screening: Screening, base: TrialResult, result: TuneResult) -> Recommended:
+        """Each recommended lever screened, then all of them against the baseline in one protocol rung
+        (never dropped on one noisy trial); the verified ones combined and the combination screened."""
+        found = Recommended()
+        candidates, found.notes = recommended_configs(self.baseline, base, self.window["device"])
+        for candidate in candidates:  # a space given explicitly is the whole space: advice outside it waits
+            if self.space.params_of(candidate["config"]) is None:
+                found.notes.append(f"recommendation '{candidate['title']}' is outside the search space: not measured")
+            else:
+                found.candidates.append(candidate)
+        ran = []
+        for candidate in found.candidates:
+            if self.cancel.is_set():
+                return found
+            trial = screening.run_config(candidate["config"], rec.SCREEN)
+            self._saved(trial)
+            if trial.status == "ok":
+                ran.append(candidate["config"])
+        if not ran:
+            return found
+        screened = {t_key: t for t_key, t in screening.known.items() if t.feasible}
+        fitted = self._fit(ran, base, screened, RECOMMEND_SHARE * self.budget_s)
+        if len(fitted) < len(ran):
+            found.notes.append(f"{len(ran) - len(fitted)} recommendation(s) left out of the protocol: the budget's "
+                               f"{RECOMMEND_SHARE:.0%} share did not fit them")  # fmt: skip
+        if not fitted or self.cancel.is_set():
+            return found
+        found.rung = measure_rung("recommendations", self.workload, self.baseline, base, fitted,
+                                  with_budget(self.protocol, RECOMMEND_SHARE * self.budget_s), self.goal,
+                                  self.record.save, cancel=self.cancel, **self.window)  # fmt: skip
+        found.rung.interrupted = self.cancel.is_set()
+        result.rungs.append(found.rung)
+        self.emit({"event": "rung", "rung": found.rung.to_dict(), **self._clock()})
+        if found.rung.interrupted:
+            return found
+        found.helped = verified_faster(found.rung)
+        combined = combine(self.baseline, found.helped, self.window["device"])
+        if combined is not None:
+            trial = screening.run_config(combined, rec.SCREEN)
+            self._saved(trial)
+            found.combined = combined if trial.status == "ok" else None
+        return found
 
     def _largest_batch(self, screening: Screening) -> dict[str, Any] | None:
         """The largest batch the memory limit allows by the estimate, then one trial to verify it."""
@@ -222,7 +258,13 @@ class _Search:
             return
         result.screened_best = feasible[0]
         steps = {TrainConfig.from_dict(t.config).to_json(sort_keys=True): t for t in feasible}
-        contenders = [TrainConfig.from_dict(t.config) for t in feasible[:MAX_CONTENDERS]]
+        # The verified recommendations first (the final rung always holds them), then screening's ranking.
+        forced = [
+            c for c in (result.recommended.forced if result.recommended else []) if c.to_json(sort_keys=True) in steps
+        ]
+        ranked = [TrainConfig.from_dict(t.config) for t in feasible]
+        unique = {c.to_json(sort_keys=True): c for c in reversed([*forced, *ranked])}  # first occurrence wins
+        contenders = sorted(unique.values(), key=[*forced, *ranked].index)[:MAX_CONTENDERS]
         rungs_left = 2 if len(contenders) > 2 else 1
         while contenders and not self.cancel.is_set():
             remaining = self.budget_s - (time.monotonic() - self.began)
