@@ -191,8 +191,12 @@ class Writer:
             request = take_request(store, self.run_id)
         except Exception:  # an older store or a locked file: asked again at the next flush
             return
-        if request is not None:
-            self.profiler.request(request[1], request[0])
+        if request is not None and not self.profiler.request(request[1], request[0]):
+            try:  # the job asked for a window itself meanwhile: this request is answered, not left open
+                save_profile(store, self.run_id, request[0], steps=request[1], first_step=0, last_step=0,
+                             diagnosis=None, profile=None, message="another window was being profiled; ask again")  # fmt: skip
+            except Exception:
+                self.dropped_writes += 1
 
     def _add_energy(self, window: dict[str, Any]) -> None:
         if window.get("energy_j") is not None:
