@@ -35,7 +35,7 @@ from workbench.workloads import load_workload
 
 PROFILE_STEPS = 3
 """Steps in the profiled window: enough to average, short enough that the profiler's ~10% CPU
-overhead and its trace stay small (FIELD-NOTES)."""
+overhead (measured on these 2-core hosts) and its trace stay small."""
 BANDWIDTH_ITERS = 5
 BANDWIDTH_MAX_BYTES = 32 * 2**20
 """The bandwidth probe all-reduces the model's gradient size, capped here to stay quick."""
