@@ -43,6 +43,10 @@ BASELINE_SHARE = 0.25
 """A baseline trial that takes more than this share of the budget leaves no room for a search."""
 RECOMMEND_SHARE = 0.4
 """Share of the budget the protocol may spend verifying the diagnosis's recommendations."""
+RECOMMEND_COMPILE_SHARE = 0.05
+"""A recommendation whose screening trial compiled for longer than this share of the budget stays
+out of the recommendations rung (every paired worker of the protocol would compile it again); it
+competes as a screening contender instead."""
 
 SEED_PROFILE = ProfileOptions(wait=0, warmup=1, active=1, record_shapes=False, scan_syncs=False, memory_timeline=False)
 """The baseline's profiled window, after its timed one: enough for the diagnosis's shares, kept
@@ -184,8 +188,13 @@ class _Search:
                 return found
             trial = screening.run_config(candidate["config"], rec.SCREEN)
             self._saved(trial)
-            if trial.status == "ok":
-                ran.append(candidate["config"])
+            if trial.status != "ok":
+                continue
+            if (trial.compile_time_s or 0.0) > RECOMMEND_COMPILE_SHARE * self.budget_s:
+                found.notes.append(f"'{candidate['title']}' compiled for {trial.compile_time_s:.0f} s: too long to "
+                                   "verify in the recommendations rung at this budget; it competes as a screened contender")  # fmt: skip
+                continue
+            ran.append(candidate["config"])
         if not ran:
             return found
         screened = {t_key: t for t_key, t in screening.known.items() if t.feasible}
