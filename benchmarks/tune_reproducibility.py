@@ -64,6 +64,9 @@ def main() -> None:
         print(f"run {index}: {describe(run)}")
     first, second = (run["best"]["describe"] if run["best"] else None for run in runs)
     tied_names = [set([run["best"]["describe"], *run["runner_ups"]]) if run["best"] else set() for run in runs]
+    if first is None or second is None:
+        print("agree: n/a (a run ended without a verified result: see its stop reason)")
+        return
     agree = first == second or bool(tied_names[0] & tied_names[1])
     print(
         f"agree: {'yes' if agree else 'NO'} ({'same winner' if first == second else 'overlapping ties' if agree else 'different winners'})"
