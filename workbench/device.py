@@ -210,6 +210,17 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def cpu_bf16_native() -> bool:
+    """Whether this CPU has bf16 instructions (AVX-512 BF16 or AMX tiles), as PyTorch's own CPU
+    feature check reports. Where it does, bf16 is kept without a timing: the short probe below swung
+    from 0.7x to over 50x on one such host under load from other processes, and a slow draw dropped
+    the one lever worth most on it."""
+    import torch
+
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in checks)
+
+
 @functools.cache
 def cpu_bf16_speedup() -> float:
     """How much faster bf16 autocast runs a small MLP's forward and backward than fp32 on this CPU (best

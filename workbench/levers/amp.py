@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from workbench.config import ConfigError, TrainConfig
-from workbench.device import ALWAYS, Availability, bf16_availability, cpu_bf16_speedup, cuda_capability
+from workbench.device import ALWAYS, Availability, bf16_availability, cpu_bf16_native, cpu_bf16_speedup, cuda_capability
 from workbench.levers.base import Lever, Space, SpaceContext, probed
 from workbench.levers.fragment import Snippet
 from workbench.levers.record import Applied
@@ -88,11 +88,12 @@ def _snippet(config: TrainConfig, snippet: Snippet) -> None:
 
 def _space(ctx: SpaceContext) -> Space:
     """What this device runs natively: on a CPU no fp16 (its convolutions are emulated: a 3x3 conv ran
-    over 100x slower than fp32 here) and bf16 only where a measurement shows it faster than fp32.
-    A space file may still name either."""
+    over 100x slower than fp32 here) and bf16 where the CPU has bf16 instructions, or else where a
+    quick measurement shows it faster than fp32. A space file may still name either."""
     values = ctx.available("amp")
     if ctx.device_type == "cpu":
-        values = tuple(v for v in values if v != "fp16" and (v != "bf16" or cpu_bf16_speedup() > 1.0))
+        keep_bf16 = cpu_bf16_native() or cpu_bf16_speedup() > 1.0
+        values = tuple(v for v in values if v != "fp16" and (v != "bf16" or keep_bf16))
     return {"amp": values}
 
 
