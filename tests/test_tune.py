@@ -280,7 +280,9 @@ def test_stopped_search_resumes_from_the_store_without_repeating_and_verifies_th
     assert not {json.dumps(t.params, sort_keys=True) for t in new} & measured_first, "resume repeated a trial"
     with Store(path) as store:
         stored = store.trials(run_id=second.run_id)
-        assert store.run(second.run_id)["kind"] == "tune"  # type: ignore[index]
+        run = store.run(second.run_id)
+        assert run is not None and run["kind"] == "tune"
+        assert json.loads(run["label"])["tune"]["seed"] == 0, "the stored run does not record the sampler's seed"
     screened = [json.dumps(TrainConfig.from_dict(t.result.config).to_dict(), sort_keys=True)
                 for t in stored if t.label == "screen"]  # fmt: skip
     assert len(screened) == len(set(screened)), "a configuration was screened twice across the two sessions"
@@ -298,7 +300,10 @@ def test_stopped_search_resumes_from_the_store_without_repeating_and_verifies_th
     from workbench.cli.tune import summary
 
     text = summary(second)
-    assert "best: " in text and "batch_size=8" in text and "Pareto front" in text and f"run {second.run_id}" in text
+    # optimizer_impl is neutral on this sleepy workload, so batch_size=8 with either implementation is a
+    # legitimate tie; the text then says "tied at the top" instead of naming one "best".
+    head = "tied at the top" if second.tied else "best: "
+    assert head in text and "batch_size=8" in text and "Pareto front" in text and f"run {second.run_id}" in text
 
 
 def test_a_crashing_configuration_is_recorded_and_the_search_goes_on(tmp_path: Path) -> None:

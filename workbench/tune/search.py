@@ -103,7 +103,7 @@ def tune(
         _check_memory_floor(wl, max_memory_bytes)
     protocol = protocol or Protocol()
     window = dict(warmup=warmup, steps=steps, device=device, preset=preset, **trial_options)
-    identity = _identity(workload, wl, preset, device, window, space, goal, baseline)
+    identity = _identity(workload, wl, preset, device, window, space, goal, baseline, seed)
     record = rec.TuneRecord(store, identity, resume=resume)
     try:
         search = _Search(wl, baseline, space, goal, protocol, window, record, cancel, on_update or (lambda u: None))
@@ -424,7 +424,9 @@ def _check_memory_floor(workload: Workload, max_memory_bytes: int) -> None:
 
 
 def _identity(workload: Any, wl: Workload, preset: str, device: Any, window: dict[str, Any], space: SearchSpace,
-              goal: Objective, baseline: TrainConfig) -> dict[str, Any]:  # fmt: skip
+              goal: Objective, baseline: TrainConfig, seed: int) -> dict[str, Any]:  # fmt: skip
+    """What a resumed search must share with the stored one. The sampler's seed is part of it: it is
+    recorded with the run, and another seed proposes another sequence, so it is another search."""
     from workbench.device import resolve_device
 
     return {
@@ -438,4 +440,5 @@ def _identity(workload: Any, wl: Workload, preset: str, device: Any, window: dic
         "planned_steps": goal.planned_steps,
         "max_memory_bytes": goal.max_memory_bytes,
         "baseline": baseline.to_json(sort_keys=True),
+        "seed": seed,
     }
