@@ -176,7 +176,10 @@ class _Search:
         """Each recommended lever screened, then all of them against the baseline in one protocol rung
         (never dropped on one noisy trial); the verified ones combined and the combination screened."""
         found = Recommended()
-        candidates, found.notes = recommended_configs(self.baseline, base, self.window["device"])
+        # The baseline with its unset batch resolved (None: the workload's own), so a recommendation is
+        # the baseline plus its one change and a point of the space, not a draw of the batch size.
+        resolved = self.baseline.replace(batch_size=self.workload.effective_batch_size(self.baseline))
+        candidates, found.notes = recommended_configs(resolved, base, self.window["device"])
         for candidate in candidates:  # a space given explicitly is the whole space: advice outside it waits
             if self.space.params_of(candidate["config"]) is None:
                 found.notes.append(f"recommendation '{candidate['title']}' is outside the search space: not measured")
