@@ -43,6 +43,9 @@ BASELINE_SHARE = 0.25
 """A baseline trial that takes more than this share of the budget leaves no room for a search."""
 RECOMMEND_SHARE = 0.4
 """Share of the budget the protocol may spend verifying the diagnosis's recommendations."""
+RECOMMEND_MIN_BUDGET_S = 60.0
+"""Below this budget a protocol rung for the recommendations would starve the final verification:
+they are only queued first for screening (one trial each), as the sampler's first proposals."""
 RECOMMEND_COMPILE_SHARE = 0.05
 """A recommendation whose screening trial compiled for longer than this share of the budget stays
 out of the recommendations rung (every paired worker of the protocol would compile it again); it
@@ -149,10 +152,12 @@ class _Search:
             if label in (rec.SCREEN, rec.VERIFY_BATCH) and screening.replay(stored, label) is not None:
                 result.resumed_trials += 1
         if not self.record.previous:
-            if seed_from_diagnosis:
+            if seed_from_diagnosis and budget_s >= RECOMMEND_MIN_BUDGET_S:
                 result.recommended = self._recommended(screening, base, result)
                 result.seeds = [{k: c[k] for k in ("finding", "title", "changes")}
                                 for c in result.recommended.candidates]  # fmt: skip
+            elif seed_from_diagnosis:
+                result.seeds = self._queued(screening, base)
             result.largest_batch = self._largest_batch(screening)
         self._screen(screening, valid)
         result.stop_reason = "cancelled" if self.cancel.is_set() else ""
@@ -171,6 +176,20 @@ class _Search:
         self.emit({"event": "baseline", "trial": {"config": result.config, "status": result.status,
                    "median_step_ms": result.median_step_ms, "peak_memory_bytes": result.peak_memory_bytes}})  # fmt: skip
         return result
+
+    def _queued(self, screening: Screening, base: TrialResult) -> list[dict[str, Any]]:
+        """A small budget's recommendations: the sampler's first proposals, screened like any other."""
+        resolved = self.baseline.replace(batch_size=self.workload.effective_batch_size(self.baseline))
+        candidates, notes = recommended_configs(resolved, base, self.window["device"])
+        self.notes += notes
+        seeds = []
+        for candidate in candidates:
+            changes = dict(candidate["changes"])
+            if "batch_size" in screening.distributions:  # the baseline's own batch, not the sampler's draw
+                changes.setdefault("batch_size", resolved.batch_size)
+            if screening.enqueue(changes):
+                seeds.append({k: candidate[k] for k in ("finding", "title", "changes")})
+        return seeds
 
     def _recommended(self, screening: Screening, base: TrialResult, result: TuneResult) -> Recommended:
         """Each recommended lever screened, then all of them against the baseline in one protocol rung
