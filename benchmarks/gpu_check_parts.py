@@ -119,11 +119,8 @@ def to_device(batch: Any, dev: torch.device) -> Any:
     return batch
 
 
-def plain_loop(
-    name: str, preset: str, amp: str, dev: torch.device, warmup: int, steps: int
-) -> tuple[float, int | None]:
-    """A plain PyTorch training loop on the workload's model and data, timed from outside:
-    synchronize, perf_counter over the window, synchronize. (ms per step, peak bytes or None)."""
+def loop_parts(name: str, preset: str, amp: str, dev: torch.device) -> tuple[Any, Any, Any, Any, Callable[[], Any]]:
+    """What a user's plain loop holds: (workload, model, AdamW, batches, autocast context), seeded."""
     from workbench.workloads import load_workload
 
     workload = load_workload(name, preset)
@@ -132,10 +129,18 @@ def plain_loop(
     torch.manual_seed(0)
     model = workload.model_fn().to(dev)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    batches = workload.batches(TrainConfig())
     autocast: Callable[[], Any] = (
         (lambda: torch.autocast(dev.type, dtype=torch.bfloat16)) if amp == "bf16" else nullcontext
     )
+    return workload, model, optimizer, workload.batches(TrainConfig()), autocast
+
+
+def plain_loop(
+    name: str, preset: str, amp: str, dev: torch.device, warmup: int, steps: int
+) -> tuple[float, int | None]:
+    """A plain PyTorch training loop on the workload's model and data, timed from outside:
+    synchronize, perf_counter over the window, synchronize. (ms per step, peak bytes or None)."""
+    workload, model, optimizer, batches, autocast = loop_parts(name, preset, amp, dev)
     cuda = dev.type == "cuda"
     began = 0.0
     for index in range(warmup + steps):
@@ -230,22 +235,13 @@ def watched(dry_run: bool) -> int:
     import workbench as wb
     from workbench.store import Store
     from workbench.store.watched import watched_runs
-    from workbench.workloads import load_workload
 
     cuda = torch.cuda.is_available() and not dry_run
     dev = torch.device("cuda" if cuda else "cpu")
     preset, warmup, steps, amp = ("base", WARMUP, STEPS, "bf16") if cuda else ("tiny", 1, 4, "fp32")
     if not cuda:
         print("CPU dry run (tiny preset, fp32, 4 steps): proves the code path; the figures say nothing about a GPU")
-        torch.set_num_threads(1)
-    workload = load_workload("bev-perception", preset)
-    torch.manual_seed(0)
-    model = workload.model_fn().to(dev)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    batches = workload.batches(TrainConfig())
-    autocast: Callable[[], Any] = (
-        (lambda: torch.autocast(dev.type, dtype=torch.bfloat16)) if amp == "bf16" else nullcontext
-    )
+    workload, model, optimizer, batches, autocast = loop_parts("bev-perception", preset, amp, dev)
     store_path = Path(tempfile.mkdtemp()) / "watched.sqlite"
     with wb.watch(model, optimizer, name="gpu-check", store=store_path, warmup=warmup, flush_s=0.5) as w:
         for _ in range(warmup + steps):
