@@ -119,8 +119,9 @@ def to_device(batch: Any, dev: torch.device) -> Any:
     return batch
 
 
-def loop_parts(name: str, preset: str, amp: str, dev: torch.device) -> tuple[Any, Any, Any, Any, Callable[[], Any]]:
-    """What a user's plain loop holds: (workload, model, AdamW, batches, autocast context), seeded."""
+def loop_parts(name: str, preset: str, amp: str, dev: torch.device) -> tuple[Any, Any, Callable[[], Any]]:
+    """A user's plain loop, seeded: (model, AdamW, one_step), one_step() trains on the next batch and
+    returns its loss."""
     from workbench.workloads import load_workload
 
     workload = load_workload(name, preset)
@@ -132,7 +133,18 @@ def loop_parts(name: str, preset: str, amp: str, dev: torch.device) -> tuple[Any
     autocast: Callable[[], Any] = (
         (lambda: torch.autocast(dev.type, dtype=torch.bfloat16)) if amp == "bf16" else nullcontext
     )
-    return workload, model, optimizer, workload.batches(TrainConfig()), autocast
+    batches = workload.batches(TrainConfig())
+
+    def one_step() -> Any:
+        batch = to_device(next(batches), dev)
+        optimizer.zero_grad(set_to_none=True)
+        with autocast():
+            loss = workload.loss_fn(workload.forward_fn(model, batch), batch)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return model, optimizer, one_step
 
 
 def plain_loop(
@@ -140,7 +152,7 @@ def plain_loop(
 ) -> tuple[float, int | None]:
     """A plain PyTorch training loop on the workload's model and data, timed from outside:
     synchronize, perf_counter over the window, synchronize. (ms per step, peak bytes or None)."""
-    workload, model, optimizer, batches, autocast = loop_parts(name, preset, amp, dev)
+    _, _, one_step = loop_parts(name, preset, amp, dev)
     cuda = dev.type == "cuda"
     began = 0.0
     for index in range(warmup + steps):
@@ -149,12 +161,7 @@ def plain_loop(
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
             began = time.perf_counter()
-        batch = to_device(next(batches), dev)
-        optimizer.zero_grad(set_to_none=True)
-        with autocast():
-            loss = workload.loss_fn(workload.forward_fn(model, batch), batch)
-        loss.backward()
-        optimizer.step()
+        one_step()
     if cuda:
         torch.cuda.synchronize()
     ms = (time.perf_counter() - began) * 1000.0 / steps
@@ -241,21 +248,15 @@ def watched(dry_run: bool) -> int:
     preset, warmup, steps, amp = ("base", WARMUP, STEPS, "bf16") if cuda else ("tiny", 1, 4, "fp32")
     if not cuda:
         print("CPU dry run (tiny preset, fp32, 4 steps): proves the code path; the figures say nothing about a GPU")
-    workload, model, optimizer, batches, autocast = loop_parts("bev-perception", preset, amp, dev)
+    model, optimizer, one_step = loop_parts("bev-perception", preset, amp, dev)
     store_path = Path(tempfile.mkdtemp()) / "watched.sqlite"
     with wb.watch(model, optimizer, name="gpu-check", store=store_path, warmup=warmup, flush_s=0.5) as w:
         for _ in range(warmup + steps):
-            batch = to_device(next(batches), dev)
-            optimizer.zero_grad(set_to_none=True)
-            with autocast():
-                loss = workload.loss_fn(workload.forward_fn(model, batch), batch)
-            loss.backward()
-            optimizer.step()
-            w.step(loss=loss)
+            w.step(loss=one_step())
     with Store(store_path) as store:
         (run,) = watched_runs(store)
     watched_ms = run.summary.get("steady_median_ms")
-    del model, optimizer
+    del model, optimizer, one_step  # the closure holds them too: freed before the workbench trial
     if cuda:
         torch.cuda.empty_cache()  # the workbench's worker gets the device as it would alone
     trial_ms = statistics.median(workbench_run("bev-perception", preset, amp, dev.type, warmup, steps)["step_ms"])
