@@ -128,7 +128,7 @@ def list_watched(limit: int) -> dict[str, Any]:
     newest rows. No socket from the job to the server, so a dead server costs the job nothing.
     """
     from workbench.store import Store, StoreError, default_store_path
-    from workbench.store.watch_profiles import watch_profiles
+    from workbench.store.watch_profiles import newest_profiles
     from workbench.store.watched import last_steps, watched_runs
 
     path = default_store_path()
@@ -140,7 +140,7 @@ def list_watched(limit: int) -> dict[str, Any]:
         with Store(path, create=False) as store:
             runs = watched_runs(store, limit=limit)
             newest = last_steps(store, [r.run_id for r in runs])
-            windows = {r.run_id: watch_profiles(store, r.run_id)[-1:] for r in runs}
+            windows = newest_profiles(store, [r.run_id for r in runs])
     except StoreError as exc:
         raise SourceError(500, f"cannot read the run store: {exc}") from None
     jobs = []
@@ -154,7 +154,7 @@ def list_watched(limit: int) -> dict[str, Any]:
             "step": None if step is None else {"step": step.first_step, "wall_time": step.wall_time,
                                                "step_ms": step.step_ms, "data_ms": step.data_ms,
                                                "peak_memory_bytes": step.peak_memory_bytes, "loss": step.loss},
-            "profile": _window(windows[run.run_id][0]) if windows[run.run_id] else None,
+            "profile": _window(windows[run.run_id]) if run.run_id in windows else None,
         })  # fmt: skip
     return _finite({"jobs": jobs, "store": str(path), "note": ""})
 

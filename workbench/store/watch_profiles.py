@@ -46,12 +46,15 @@ def request_profile(store: Store, run_id: int, steps: int) -> int:
 
 
 def take_request(store: Store, run_id: int) -> tuple[int, int] | None:
-    """The oldest open request for this run, marked started: (id, steps); None when there is none."""
+    """The oldest open request for this run, marked started: (id, steps); None when there is none.
+
+    The job asks this at every flush: a read first, so the usual answer (none) takes no write lock."""
+    query = "SELECT id, steps FROM watch_profiles WHERE run_id = ? AND status = 'requested' ORDER BY id LIMIT 1"
+    with store._read() as conn:
+        if conn.execute(query, (run_id,)).fetchone() is None:
+            return None
     with store._write() as conn:
-        row = conn.execute(
-            "SELECT id, steps FROM watch_profiles WHERE run_id = ? AND status = 'requested' ORDER BY id LIMIT 1",
-            (run_id,),
-        ).fetchone()
+        row = conn.execute(query, (run_id,)).fetchone()
         if row is None:
             return None
         conn.execute("UPDATE watch_profiles SET status = 'started' WHERE id = ?", (row["id"],))
@@ -91,6 +94,20 @@ def watch_profiles(store: Store, run_id: int) -> list[WatchProfile]:
 def _profile(row: Any) -> WatchProfile:
     return WatchProfile(row["id"], row["run_id"], row["steps"], row["status"], row["requested_at"], row["first_step"],
                         row["last_step"], row["message"], _loads(row["diagnosis"]), _loads(row["profile"]))  # fmt: skip
+
+
+def newest_profiles(store: Store, run_ids: list[int]) -> dict[int, WatchProfile]:
+    """Each run's newest window or request (one query): what a list of jobs shows, polled often."""
+    if not run_ids:
+        return {}
+    marks = ", ".join("?" for _ in run_ids)
+    with store._read() as conn:
+        rows = conn.execute(
+            f"SELECT * FROM watch_profiles WHERE id IN (SELECT MAX(id) FROM watch_profiles WHERE run_id IN ({marks}) "
+            "GROUP BY run_id)",
+            list(run_ids),
+        ).fetchall()
+    return {row["run_id"]: _profile(row) for row in rows}
 
 
 def check_steps(steps: Any) -> int:

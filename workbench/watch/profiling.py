@@ -95,6 +95,8 @@ class WindowProfiler:
             prof.__exit__(None, None, None)
             assert self._options is not None
             return ProfileJob(prof, self._options, self._first, step, self._request)
+        if self._pending is None:  # every step of a job that asked for nothing: no lock taken
+            return None
         with self._lock:
             pending, self._pending = self._pending, None
         if pending is None:
