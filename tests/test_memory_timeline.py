@@ -107,3 +107,26 @@ def test_the_private_memory_profiler_is_pinned_and_fails_clearly(monkeypatch: py
         MemoryTimelineUnavailable, match=re.escape(f"torch {torch.__version__} has no ") + ".*memory_timeline=False"
     ):
         memory_profiler_api()
+
+
+def test_the_loader_runs_before_the_memory_profiler_starts() -> None:
+    """The memory profiler records every Python call (it needs stacks): a dataset doing Python work per
+    sample in the trial's process (1 s of it made stopping the profiler take two minutes) is loaded
+    before it starts, so none of the loader's calls are recorded."""
+    from workbench.measure.profile import _memory_timeline
+
+    config = TrainConfig(grad_accumulation=2)
+    workload = load_workload("bev-perception", preset="tiny")
+    train_step = build(workload, config, torch.device("cpu"))
+    source = workload.batches(config)
+    fetched_while_profiling: list[bool] = []
+
+    def batches() -> Any:
+        while True:
+            fetched_while_profiling.append(torch.autograd._profiler_enabled())
+            yield next(source)
+
+    timeline = _memory_timeline(train_step, batches(), config)
+    assert "error" not in timeline, timeline.get("error")
+    assert fetched_while_profiling == [False, False]  # both micro-batches, neither under the profiler
+    assert [p["phase"] for p in timeline["phases"]][:2] == ["data", "forward"]

@@ -180,9 +180,14 @@ def summarize_profile(prof: Any, device_type: str, options: ProfileOptions, tria
 
 
 def _memory_timeline(train_step: TrainStep, batches: Iterator[Any], config: TrainConfig) -> dict[str, Any]:
-    """One more step under the memory profiler; a failure is reported in the summary, never raised."""
+    """One more step under the memory profiler; a failure is reported in the summary, never raised.
+
+    The loader runs before the profiler starts: the memory profiler records every Python and C call
+    (it needs stacks), so a dataset doing per-sample Python work in this process (num_workers=0)
+    would add millions of events and minutes to stopping it, for no memory figure."""
+    loaded = iter([next(batches) for _ in range(config.grad_accumulation)])
     try:
-        return record_memory_timeline(lambda: _profiled_step(train_step, batches, config), train_step.device)
+        return record_memory_timeline(lambda: _profiled_step(train_step, loaded, config), train_step.device)
     except MemoryTimelineUnavailable as exc:
         return {"error": str(exc)}
     except Exception as exc:  # an optional view: its failure must not discard the profiled window
