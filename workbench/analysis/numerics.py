@@ -24,8 +24,13 @@ EARLY_STEPS = 3
 #: bf16 at 5%: a correct change (inductor's bf16 kernels against eager bf16, bev-perception tiny, 2
 #: AdamW updates) deviated 3.77% on an Intel host with AMX, under 3% on an AMD one without it.
 EARLY_RTOL = {"fp32": 0.005, "fp16": 0.02, "bf16": 0.05}
-#: Allowed relative difference of the mean loss over the last quarter of the steps.
-TREND_RTOL = 0.2
+#: Allowed relative difference of the mean loss over the last quarter of the steps, by the least
+#: precise dtype of the pair. A tuner's 13-step window leaves a 3-step tail, whose mean still moves
+#: with each batch: correct changes on bev-perception tiny (seeds 0-3) differed up to 4.2% in fp32
+#: (channels_last) but up to 20.8% with bf16, which made 20% reject bf16, this CPU's best lever. Broken
+#: training is far outside 30%: a stalled run (lr 1e-7) differed 52-113%, a runaway one (lr 0.1) 58% and
+#: more, on bev-perception and e2e-planner.
+TREND_RTOL = {"fp32": 0.2, "fp16": 0.2, "bf16": 0.3}
 _PRECISION_ORDER = ("fp32", "fp16", "bf16")
 
 
@@ -42,9 +47,16 @@ class NumericsCheck:
     note: str
 
 
+def _least_precise(baseline_amp: str, candidate_amp: str) -> str:
+    return _PRECISION_ORDER[max(_PRECISION_ORDER.index(baseline_amp), _PRECISION_ORDER.index(candidate_amp))]
+
+
 def early_tolerance(baseline_amp: str, candidate_amp: str) -> float:
-    worst = max(_PRECISION_ORDER.index(baseline_amp), _PRECISION_ORDER.index(candidate_amp))
-    return EARLY_RTOL[_PRECISION_ORDER[worst]]
+    return EARLY_RTOL[_least_precise(baseline_amp, candidate_amp)]
+
+
+def trend_tolerance(baseline_amp: str, candidate_amp: str) -> float:
+    return TREND_RTOL[_least_precise(baseline_amp, candidate_amp)]
 
 
 def relative_deviation(baseline: Sequence[float], candidate: Sequence[float]) -> float:
@@ -70,22 +82,24 @@ def trend_deviation(baseline: Sequence[float], candidate: Sequence[float]) -> fl
 
 
 def check_numerics(baseline: TrialResult, candidate: TrialResult) -> NumericsCheck:
+    amps = baseline.config.get("amp", "fp32"), candidate.config.get("amp", "fp32")
+    band = trend_tolerance(*amps)
     if candidate.status == "diverged":
-        return NumericsCheck(False, None, None, None, TREND_RTOL, f"diverged at step {candidate.diverged_step}")
+        return NumericsCheck(False, None, None, None, band, f"diverged at step {candidate.diverged_step}")
     if not baseline.losses or not candidate.losses:
-        return NumericsCheck(None, None, None, None, TREND_RTOL, "no losses to compare")
+        return NumericsCheck(None, None, None, None, band, "no losses to compare")
     if baseline.config.get("seed") != candidate.config.get("seed"):
-        return NumericsCheck(None, None, None, None, TREND_RTOL, "different seeds: the trials saw different data")
+        return NumericsCheck(None, None, None, None, band, "different seeds: the trials saw different data")
     if baseline.samples_per_step != candidate.samples_per_step:
-        return NumericsCheck(None, None, None, None, TREND_RTOL, "different samples per step: different batches")
-    tol = early_tolerance(baseline.config.get("amp", "fp32"), candidate.config.get("amp", "fp32"))
+        return NumericsCheck(None, None, None, None, band, "different samples per step: different batches")
+    tol = early_tolerance(*amps)
     early = relative_deviation(baseline.losses[:EARLY_STEPS], candidate.losses[:EARLY_STEPS])
     trend = trend_deviation(baseline.losses, candidate.losses)
-    ok = early <= tol and trend <= TREND_RTOL
+    ok = early <= tol and trend <= band
     if ok:
         note = "matches the baseline"
     elif early > tol:
         note = f"first {EARLY_STEPS} losses deviate {early:.2%} (tolerance {tol:.1%} for this dtype)"
     else:
-        note = f"late loss level differs {trend:.1%} from the baseline (tolerance {TREND_RTOL:.0%})"
-    return NumericsCheck(ok, early, tol, trend, TREND_RTOL, note)
+        note = f"late loss level differs {trend:.1%} from the baseline (tolerance {band:.0%} for this dtype)"
+    return NumericsCheck(ok, early, tol, trend, band, note)
