@@ -185,8 +185,8 @@ def _memory_timeline(train_step: TrainStep, batches: Iterator[Any], config: Trai
     The loader runs before the profiler starts: the memory profiler records every Python and C call
     (it needs stacks), so a dataset doing per-sample Python work in this process (num_workers=0)
     would add millions of events and minutes to stopping it, for no memory figure."""
-    loaded = iter([next(batches) for _ in range(config.grad_accumulation)])
     try:
+        loaded = iter([next(batches) for _ in range(config.grad_accumulation)])
         return record_memory_timeline(lambda: _profiled_step(train_step, loaded, config), train_step.device)
     except MemoryTimelineUnavailable as exc:
         return {"error": str(exc)}
