@@ -42,7 +42,10 @@ def describe(run: dict[str, Any]) -> str:
     if best is None:
         return f"no result ({run['stop']}), {run['seconds']:.0f} s"
     ci = best["speedup_ci"] or [float("nan"), float("nan")]
-    text = f"{'tied: ' if run['tied'] else ''}{best['describe']} {best['speedup']:.2f}x [{ci[0]:.2f}, {ci[1]:.2f}]"
+    found = (
+        best["describe"] if best["winner"] else f"no verified winner (keep the baseline); fastest {best['describe']}"
+    )
+    text = f"{'tied: ' if run['tied'] else ''}{found} {best['speedup']:.2f}x [{ci[0]:.2f}, {ci[1]:.2f}]"
     if run["tied"]:
         text += f" with {', '.join(run['runner_ups'])}"
     if advice is not None:
@@ -62,11 +65,14 @@ def main() -> None:
     runs = [one_run(args, args.seed) for _ in range(2)]
     for index, run in enumerate(runs, start=1):
         print(f"run {index}: {describe(run)}")
-    first, second = (run["best"]["describe"] if run["best"] else None for run in runs)
-    tied_names = [set([run["best"]["describe"], *run["runner_ups"]]) if run["best"] else set() for run in runs]
-    if first is None or second is None:
+    if any(run["best"] is None for run in runs):
         print("agree: n/a (a run ended without a verified result: see its stop reason)")
         return
+    # The answer of a run that verified nothing faster is the baseline itself.
+    first, second = (run["best"]["describe"] if run["best"]["winner"] else "the baseline" for run in runs)
+    tied_names = [
+        set([run["best"]["describe"], *run["runner_ups"]]) if run["best"]["winner"] else set() for run in runs
+    ]
     agree = first == second or bool(tied_names[0] & tied_names[1])
     print(
         f"agree: {'yes' if agree else 'NO'} ({'same winner' if first == second else 'overlapping ties' if agree else 'different winners'})"

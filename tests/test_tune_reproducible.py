@@ -97,3 +97,58 @@ def test_the_same_seed_proposes_the_same_configurations_in_the_same_order() -> N
     first, again, other = _proposals(7), _proposals(7), _proposals(8)
     assert len(first) >= 8 and first == again
     assert other != first, "a different seed is a different search"
+
+
+class _ReachedTheRung(Exception):
+    def __init__(self, configs: list[TrainConfig]) -> None:
+        self.configs = configs
+
+
+@pytest.mark.parametrize(("warm_compile_s", "verified"), [(0.5, True), (30.0, False)])
+def test_a_compile_recommendation_is_judged_by_a_warm_trial_not_the_cold_first_compile(
+    monkeypatch: pytest.MonkeyPatch, warm_compile_s: float, verified: bool
+) -> None:
+    """The first compile on a fresh machine fills the compile cache the protocol's workers then load
+    from, so a cold 30 s compile must not keep a compile recommendation out of the recommendations
+    rung when a second, warm trial compiles in half a second; a compile still slow when warm stays out."""
+    from workbench.protocol import Protocol
+    from workbench.tune import record as rec
+    from workbench.tune import search
+    from workbench.tune.result import TuneResult
+
+    compiled = TrainConfig(compile="default")
+    measured: list[float] = []
+
+    def measure(config: TrainConfig, on_event: Any, cancel: threading.Event) -> TrialResult:
+        result = _fake_measure(config, on_event, cancel)
+        if config.compile != "off":
+            result.compile_time_s = 30.0 if not measured else warm_compile_s
+            measured.append(result.compile_time_s)
+        return result
+
+    def reached(*args: Any, **kwargs: Any) -> None:
+        raise _ReachedTheRung(list(args[4]))
+
+    advice = [{"finding": "overhead", "title": "compile", "changes": {"compile": "default"}, "config": compiled}]
+    monkeypatch.setattr(search, "recommended_configs", lambda *a: (advice, []))
+    monkeypatch.setattr(search, "measure_rung", reached)
+    space = user_space({"compile": ["off", "default"]}, "cpu")
+    base = _fake_measure(TrainConfig(), None, threading.Event())
+    goal = Objective("step-time")
+    record = rec.TuneRecord(None, {}, resume=False)
+    wl = search.load_workload("bev-perception", preset="tiny")
+    run = search._Search(wl, TrainConfig(), space, goal, Protocol(), {"device": "cpu", "preset": "tiny"}, record,
+                         threading.Event(), lambda update: None)  # fmt: skip
+    run.began, run.budget_s, run.durations = 0.0, 180.0, [1.0]
+    screening = Screening(space, TrainConfig(), base, goal, measure, device="cpu")
+    result = TuneResult(workload="w", preset="tiny", objective=goal, space=space, valid_configs=2, budget_s=180.0,
+                        run_id=None)  # fmt: skip
+    if verified:
+        with pytest.raises(_ReachedTheRung) as rung:
+            run._recommended(screening, base, result)
+        assert rung.value.configs == [compiled]
+    else:
+        found = run._recommended(screening, base, result)
+        assert found.rung is None and any("compiled for 30 s" in note for note in found.notes), found.notes
+    assert measured == [30.0, warm_compile_s]  # measured twice: cold, then warm
+    assert screening.known[compiled.to_json(sort_keys=True)].compile_time_s == warm_compile_s

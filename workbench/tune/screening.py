@@ -171,11 +171,12 @@ class Screening:
         self.study.tell(trial, outcome.cost_ms if outcome.feasible else None, state=_state(self.optuna, outcome))
         return self._record(config, params, stage, outcome, result, estimated=estimated)
 
-    def run_config(self, config: TrainConfig, stage: str) -> TunedTrial:
-        """Measure one given configuration outside the sampler's choice (the largest batch's check)."""
+    def run_config(self, config: TrainConfig, stage: str, *, fresh: bool = False) -> TunedTrial:
+        """Measure one given configuration outside the sampler's choice (a recommendation, the largest
+        batch's check). `fresh`: measure it again even if known; the new trial is the one it is judged by."""
         params = self.space.params_of(config) or {k: new for k, (_, new) in self.baseline.diff(config).items()}
         known = self.known.get(_key(config))
-        if known is not None:
+        if known is not None and not fresh:
             return known
         result = self.measure(config, None, threading.Event())
         outcome = judge(result, self.baseline_result, self.objective)
