@@ -23,15 +23,15 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 SLOW_RANK, SLEEP_S = int(sys.argv[2]), float(sys.argv[3])
 torch.manual_seed(0)
-model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
-                                                                      torch.nn.Linear(64, 1)))
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                                                                      torch.nn.Linear(256, 1)))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
 def loader(n):
     for _ in range(n):
         if rank == SLOW_RANK:
             time.sleep(SLEEP_S)  # this rank's data pipeline is the slow one
-        yield torch.randn(32, 64)
+        yield torch.randn(256, 256)  # a step of some ms: host jitter is a small share of it
 
 with wb.watch(model, opt, name="ddp-job", store=sys.argv[1], warmup=3, flush_s=0.2) as w:
     for batch in w.batches(loader(int(sys.argv[4]))):
@@ -59,7 +59,9 @@ def run_job(tmp_path: Path, store: Path, slow_rank: int, sleep_s: float, steps: 
 def test_the_rank_with_the_slow_loader_is_named_the_straggler_with_its_data_wait(tmp_path: Path) -> None:
     store = tmp_path / "history.db"
     run_job(tmp_path, store, slow_rank=1, sleep_s=0.05, steps=30)
-    run_job(tmp_path, store, slow_rank=0, sleep_s=0.0, steps=12)  # a second launch of the same script
+    # a second launch of the same script, no rank slowed: not even a sleep(0), whose yield on two busy
+    # cores is a real sub-ms delay that a 2 ms step counts as a straggler
+    run_job(tmp_path, store, slow_rank=-1, sleep_s=0.0, steps=16)
 
     with Store(store) as db:
         runs = watched_runs(db, name="ddp-job", limit=None)
