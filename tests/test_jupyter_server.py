@@ -266,8 +266,11 @@ def test_watch_lists_jobs_from_other_processes_with_their_newest_step(
 
 
 SLOW_LOADER_JOB = """
-import sys, time, torch
+import signal, sys, time, torch
 import workbench as wb
+# Ctrl-C from the test raises KeyboardInterrupt here even when the suite runs in the background
+# (`cmd &` starts it, and so this job, with SIGINT ignored).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 model = torch.nn.Linear(8, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)

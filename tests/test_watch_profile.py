@@ -76,8 +76,11 @@ def test_misuse_of_profile_warns_once_and_the_loop_goes_on(tmp_path: Path) -> No
 
 
 JOB = """
-import sys, time, torch
+import signal, sys, time, torch
 import workbench as wb
+# Ctrl-C from the test raises KeyboardInterrupt here even when the suite runs in the background
+# (`cmd &` starts it, and so this job, with SIGINT ignored).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
