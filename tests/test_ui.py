@@ -7,6 +7,7 @@ the charts' ColumnDataSources — what the browser would receive.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import os
 import re
 import subprocess
@@ -18,6 +19,7 @@ import pytest
 import torch
 from torch import nn
 
+from workbench import Protocol
 from workbench.config import TrainConfig, field_choices, field_doc, field_names
 from workbench.levers import capabilities
 from workbench.workloads import Workload
@@ -281,6 +283,16 @@ def test_a_candidate_is_compared_by_the_protocol_against_the_finished_baseline(m
     table = _text(app.table.value)
     assert "slower" in table and "target ±4.0%" in table and "noise: step-to-step" in table
     assert app.export.choice.value == 0  # nothing faster: the export stays on the baseline
+
+
+def test_the_apps_protocol_sets_the_rest_and_its_fields_set_precision_and_budget(make_app) -> None:
+    """A notebook may ask for fewer rounds or one paired worker; the two fields still decide precision and budget."""
+    chosen = Protocol(budget_s=8, confidence=0.8, min_rounds=4, paired_workers=1)
+    assert make_app(protocol=chosen)._spec().protocol == chosen
+    app = make_app(protocol=chosen, budget_s=9)
+    app.precision.value = 5.0
+    assert app._spec().protocol == dataclasses.replace(chosen, precision=0.05, budget_s=9.0)
+    assert make_app()._spec().protocol == Protocol()
 
 
 def test_candidate_with_a_different_window_than_the_baseline_is_refused(make_app) -> None:

@@ -10,6 +10,7 @@ and the UI never waits for a step.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import html
 import threading
 import time
@@ -56,12 +57,17 @@ class Workbench:
         device: str | None = None,
         warmup: int = TrialRequest.warmup,
         steps: int = TrialRequest.steps,
-        precision: float = Protocol.precision,
-        budget_s: float = Protocol.budget_s,
+        precision: float | None = None,
+        budget_s: float | None = None,
+        protocol: Protocol | None = None,
         timeout_s: float | None = None,
         refresh_hz: float = 4.0,
         monitor_rate_hz: float = 10.0,
     ) -> None:
+        """`protocol` is how each comparison is measured (the default: ±3% within 60 s, 95%, 3 paired
+        workers); its precision and budget show as the app's two fields, which `precision` and
+        `budget_s` set and which a person may change before each run."""
+        self._protocol = protocol or Protocol()
         dev = resolve_device(device)
         self.device = str(dev)
         self.device_info = device_info(dev)
@@ -82,7 +88,8 @@ class Workbench:
         self.export = ExportPanel(self._insert_cell)
         self._frontend = _jupyterlab_frontend()
         self._build_widgets(workload, preset or ("base" if dev.type == "cuda" else "tiny"), warmup, steps)
-        self.precision.value, self.budget.value = precision * 100.0, budget_s
+        self.precision.value = (self._protocol.precision if precision is None else precision) * 100.0
+        self.budget.value = self._protocol.budget_s if budget_s is None else budget_s
         self.runner = TrialRunner(self._inbox, self._wake.set)
         self._pump = threading.Thread(target=self._pump_loop, name="workbench-ui-pump", daemon=True)
         self._pump.start()
@@ -257,7 +264,9 @@ class Workbench:
         workload = self.workload_picker.value
         preset = self.preset_picker.value
         label = workload.describe() if isinstance(workload, Workload) else f"{workload} [{preset}]"
-        protocol = Protocol(precision=self.precision.value / 100.0, budget_s=float(self.budget.value))
+        protocol = dataclasses.replace(
+            self._protocol, precision=self.precision.value / 100.0, budget_s=float(self.budget.value)
+        )
         request = TrialRequest.of(workload, warmup=self.warmup.value, steps=self.steps.value, device=self.device,
                                   preset=preset, timeout_s=self.timeout_s, profile=self.profile_box.value)  # fmt: skip
         return RunSpec(request, label, protocol=protocol)

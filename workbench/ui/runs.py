@@ -37,7 +37,7 @@ class RunSpec:
     """The window (workload, warm-up, steps, preset, device, timeout, profile); each entry runs it with its own config."""
     workload_label: str
     protocol: Protocol = field(default_factory=Protocol)
-    """How a candidate is compared with the baseline (precision, budget)."""
+    """How a candidate is compared with the baseline (precision, budget, confidence, rounds, workers)."""
 
     @property
     def workload(self) -> Workload | str:
