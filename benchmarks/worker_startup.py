@@ -1,22 +1,27 @@
-"""Worker start-up cost: seconds from `run_trial(isolation='process')` to the worker's TrialStarted,
-and the whole process-isolated trial minus the same trial inline. Target ≤ 3 s here.
+"""Worker start-up cost, for workers forked from the pre-imported server and for fresh interpreters
+(`WORKBENCH_WORKER_START=spawn`): seconds from `run_trial(isolation='process')` to the worker's
+TrialStarted, and the whole process-isolated trial minus the same trial inline. Target ≤ 3 s here.
 
 Then what a comparison pays for N workers: N trials each starting its own worker, against
 N trials on workers `prestart`ed together first (the protocol does this before measuring).
 
-    .venv/bin/python benchmarks/worker_startup.py [--repeats 5]
+Last, that a forked worker times steps as a fresh interpreter does: bev-perception tiny's median
+step in forked ÷ fresh workers, pairs alternating in order. Target: 1.00 within the noise.
+
+    .venv/bin/python benchmarks/worker_startup.py [--repeats 5] [--pairs 6]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
 import torch
 from torch import nn
 
-from workbench.measure import TrialStarted
+from workbench.measure import TrialStarted, forkserver
 from workbench.measure.child import discard_spares, prestart
 from workbench.trials import run_trial
 from workbench.workloads import Workload
@@ -31,12 +36,9 @@ def tiny_workload() -> Workload:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+def start_up(repeats: int) -> None:
     to_started, overhead = [], []
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         started: list[float] = []
 
         def on_event(event: object, started: list[float] = started) -> None:
@@ -50,9 +52,8 @@ def main() -> None:
         began = time.perf_counter()
         run_trial(tiny_workload(), steps=2, warmup=1, isolation="inline")
         overhead.append(isolated - (time.perf_counter() - began))
-    print(f"{args.repeats} repeats, tiny linear workload")
-    print(f"spawn -> TrialStarted   median {statistics.median(to_started):.2f} s")
-    print(f"isolated - inline       median {statistics.median(overhead):.2f} s   (target <= 3 s)")
+    print(f"  start -> TrialStarted   median {statistics.median(to_started):.2f} s")
+    print(f"  isolated - inline       median {statistics.median(overhead):.2f} s   (target <= 3 s)")
     for count in (3, 6):
         began = time.perf_counter()
         for _ in range(count):
@@ -64,9 +65,33 @@ def main() -> None:
             run_trial(tiny_workload(), steps=2, warmup=1)
         warm = time.perf_counter() - began
         discard_spares()
-        print(
-            f"{count} trials: own workers {cold:.1f} s, prestarted ({ready} ready) {warm:.1f} s, ratio {warm / cold:.2f}"
-        )
+        print(f"  {count} trials: own workers {cold:.1f} s, prestarted ({ready} ready) {warm:.1f} s, "
+              f"ratio {warm / cold:.2f}")  # fmt: skip
+
+
+def step_time_parity(pairs: int) -> None:
+    medians: dict[str, list[float]] = {"fork": [], "spawn": []}
+    for pair in range(pairs):
+        for mode in ("fork", "spawn") if pair % 2 == 0 else ("spawn", "fork"):
+            os.environ[forkserver.SWITCH_ENV] = mode
+            result = run_trial("bev-perception", steps=20, warmup=3, track_memory=False)
+            assert result.ok, result.message
+            medians[mode].append(statistics.median(result.step_ms))
+    ratios = [fork / spawn for fork, spawn in zip(medians["fork"], medians["spawn"])]
+    print(f"bev-perception tiny, {pairs} alternating pairs: forked / fresh median step "
+          f"{statistics.median(ratios):.3f} (pairs {min(ratios):.2f}-{max(ratios):.2f}; target 1.00 within the noise)")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--pairs", type=int, default=6)
+    args = parser.parse_args()
+    for mode in ("fork", "spawn"):
+        os.environ[forkserver.SWITCH_ENV] = mode
+        print(f"{mode}: {args.repeats} repeats, tiny linear workload")
+        start_up(args.repeats)
+    step_time_parity(args.pairs)
 
 
 if __name__ == "__main__":

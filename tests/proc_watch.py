@@ -8,6 +8,11 @@ import time
 
 import psutil
 
+from workbench.measure import forkserver
+
+WORKER_COMMAND = "workbench.measure."
+"""In a worker's command line, forked (`measure.forkserver`) or a fresh interpreter (`measure.child`)."""
+
 
 def start_cli_and_wait_for_steps(args: list[str]) -> tuple[subprocess.Popen[bytes], list[psutil.Process]]:
     """`workbench <args>` in a subprocess, returned once its progress line shows a step, with its descendants."""
@@ -40,13 +45,15 @@ def _running(process: psutil.Process) -> bool:
 
 
 def no_live_children(within_s: float = 5.0) -> bool:
-    """True once no descendant of this process is still running (multiprocessing's resource tracker aside)."""
+    """True once no descendant of this process is still running, but for the two that live as long as
+    we do: multiprocessing's resource tracker and the idle fork server (its forked workers do count)."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         alive = []
         for child in psutil.Process().children(recursive=True):
             try:
-                if _running(child) and "resource_tracker" not in " ".join(child.cmdline()):
+                if (_running(child) and "resource_tracker" not in " ".join(child.cmdline())
+                        and child.pid != forkserver.server_pid()):  # fmt: skip
                     alive.append(child)
             except psutil.NoSuchProcess:
                 continue

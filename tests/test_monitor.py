@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from workbench.measure import forkserver
 from workbench.measure.monitor import DeviceMonitor
 
 
@@ -78,6 +79,7 @@ def test_process_rss_matches_proc_statm() -> None:
 
 
 def test_children_rss_counts_a_child_process() -> None:
+    forkserver.stop_server()  # an idle fork server left by an earlier test is a child of ours too
     code = "b = bytearray(96 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(30)"
     child = subprocess.Popen([sys.executable, "-c", code])
     try:

@@ -266,12 +266,10 @@ def test_a_candidate_is_compared_by_the_protocol_against_the_finished_baseline(m
     app.precision.value, app.budget.value = 4.0, 20
     app.run_baseline_button.click()
     app.panel["grad_accumulation"].value = 2
-    app.run_candidate_button.click()
     captions: set[str] = set()
-    deadline = time.monotonic() + 240
-    while app.runner.busy and time.monotonic() < deadline:
-        captions.add(_text(app.records[-1].caption.value))
-        time.sleep(0.1)
+    app.run_candidate_button.click()
+    # Every caption the candidate's record shows, as it is set (polling would miss a short-lived one).
+    app.records[-1].caption.observe(lambda change: captions.add(_text(change["new"])), names="value")
     app.wait(timeout=240)
     baseline, candidate = app.entries
     assert len(baseline.results()) == 1 and len(candidate.results()) == 1
@@ -279,7 +277,10 @@ def test_a_candidate_is_compared_by_the_protocol_against_the_finished_baseline(m
     assert comparison is not None and comparison.precision == pytest.approx(0.04)
     assert comparison.baseline.trial_ids == [baseline.results()[0].trial_id]  # re-used, not measured again
     assert candidate.row is not None and candidate.row.verdict == "slower" and candidate.row.units >= 6
-    assert any(re.search(r"round \d+: ±\d+\.\d%", c) for c in captions), captions
+    # The rounds stream in (before the 6-round floor they say so; the round that meets the target
+    # may be drawn in the same refresh as the verdict, which then replaces it).
+    rounds = {int(m.group(1)) for c in captions if (m := re.search(r"round (\d+): (±\d+\.\d%|too few rounds)", c))}
+    assert len(rounds) >= 3, captions
     table = _text(app.table.value)
     assert "slower" in table and "target ±4.0%" in table and "noise: step-to-step" in table
     assert app.export.choice.value == 0  # nothing faster: the export stays on the baseline

@@ -1,4 +1,5 @@
-"""Worker processes started as `python -m workbench.measure.child`, never through multiprocessing.
+"""Worker processes: forks of a pre-imported server (`forkserver`) or fresh interpreters running
+`python -m workbench.measure.child`, never started through multiprocessing.
 
 multiprocessing's spawn re-runs the caller's `__main__` in the child, so a plain script that
 calls `run_trial` without an `if __name__ == "__main__":` guard fails in the child (and a
@@ -24,7 +25,9 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from workbench.measure.child_entry import run_child
 from workbench.measure.child_env import child_environment
+from workbench.measure.forkserver import ForkedProcess, fork_worker
 
 MODULE = "workbench.measure.child"
 SPARE_FLAG = "--spare"
@@ -44,7 +47,7 @@ class ChildProcess:
         if spare is not None:  # already started and imported, idle until now
             self.process, self.outbox, self.inbox = spare.process, spare.outbox, spare.inbox
         else:
-            self.process, self.outbox, self.inbox = _spawn(env or child_environment())
+            self.process, self.outbox, self.inbox = _spawn(env)
         self.outbox.send_bytes(cloudpickle.dumps((job, args, memory_limit_bytes)))
 
     @property
@@ -82,7 +85,7 @@ class _Spare:
     """A child started ahead of its job: imported, blocked reading the job, using no CPU."""
 
     def __init__(self) -> None:
-        self.process, self.outbox, self.inbox = _spawn(child_environment(), spare=True)
+        self.process, self.outbox, self.inbox = _spawn(None, spare=True)
 
     def stop(self) -> None:
         _signal_group(self.process.pid, signal.SIGKILL)
@@ -93,6 +96,8 @@ class _Spare:
         for end in (self.outbox, self.inbox):
             end.close()
 
+
+Worker = subprocess.Popen[bytes] | ForkedProcess
 
 _spares: list[_Spare] = []
 _spares_lock = threading.Lock()
@@ -143,13 +148,18 @@ def _take_spare() -> _Spare | None:
     return None
 
 
-def _spawn(env: dict[str, str], spare: bool = False) -> tuple[subprocess.Popen[bytes], Connection, Connection]:
+def _spawn(env: dict[str, str] | None, spare: bool = False) -> tuple[Worker, Connection, Connection]:
+    """A worker holding the other ends of two new pipes: forked from the pre-imported server for the
+    caller's own environment (`env` None) where that is safe (`forkserver`), else a fresh interpreter."""
     request_read, request_write = os.pipe()
     reply_read, reply_write = os.pipe()
     command = [sys.executable, "-m", MODULE, str(request_read), str(reply_write), str(os.getpid()),
                *([SPARE_FLAG] if spare else [])]  # fmt: skip
     try:
-        process = subprocess.Popen(command, pass_fds=(request_read, reply_write), env=env, start_new_session=True)
+        process: Worker | None = fork_worker(request_read, reply_write, spare) if env is None else None
+        if process is None:
+            process = subprocess.Popen(command, pass_fds=(request_read, reply_write), env=env or child_environment(),
+                                       start_new_session=True)  # fmt: skip
     finally:
         os.close(request_read)  # the child holds its own copies; EOF then means "the other side is gone"
         os.close(reply_write)
@@ -177,31 +187,5 @@ def _signal_group(pid: int, sig: int) -> None:
         pass
 
 
-def _main(request_fd: int, reply_fd: int, parent_pid: int, spare: bool = False) -> None:
-    from workbench.measure.lifeline import end_with
-
-    end_with(parent_pid)  # first: a parent killed during our start-up must not leave us running
-    import cloudpickle
-
-    requests = Connection(request_fd, writable=False)
-    replies = Connection(reply_fd, readable=False)
-    if spare:  # import what every job needs now, while the parent measures nothing
-        import torch  # noqa: F401
-
-        import workbench.measure.trial  # noqa: F401
-
-        replies.send(("imported",))
-    try:
-        job, args, memory_limit = cloudpickle.loads(requests.recv_bytes())
-    except Exception as exc:
-        replies.send(("fatal", f"the worker could not read its job: {type(exc).__name__}: {exc}"))
-        return
-    if memory_limit is not None:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
-    job(requests, replies, *args)
-
-
 if __name__ == "__main__":
-    _main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), spare=SPARE_FLAG in sys.argv[4:])
+    run_child(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), spare=SPARE_FLAG in sys.argv[4:])

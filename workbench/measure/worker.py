@@ -3,8 +3,8 @@
 Why a process per trial: a crash, an out-of-memory or a hang in the user's model must
 end the worker, never the notebook kernel; and every trial must start with a clean
 allocator and in-memory compile caches, so memory and compile figures are honest (the disk
-cache is reported as cold/warm, or made empty on request: `compile_cache.py`). The worker is a
-fresh interpreter (`measure.child`), so any script works, guarded by `__main__` or not.
+cache is reported as cold/warm, or made empty on request: `compile_cache.py`). The worker never
+re-runs the caller's `__main__` (`measure.child`), so any script works, guarded or not.
 The request travels in its wire form (`TrialRequest.to_wire`): built-ins and 'module:attr'
 specs are rebuilt by name in the worker, any other workload is cloudpickled (so a class defined
 in a notebook cell works).
