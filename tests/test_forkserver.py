@@ -144,3 +144,23 @@ def test_a_worker_outlives_its_server_and_the_next_one_starts_a_new_server() -> 
     assert child.exitcode == forkserver.LOST_EXIT_CODE
     reply, _ = run(report_process)
     assert reply["ppid"] == forkserver.server_pid() not in (None, server)
+
+
+def report_cache_dir(requests: Any, replies: Any) -> None:
+    replies.send(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
+
+
+def test_a_server_started_early_serves_the_first_trial_and_passes_the_compile_cache_dir_on(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A command starts the server before its own imports; inductor then sets its cache dir in the
+    caller's environment the first time it looks, which must not cost a second server."""
+    forkserver.stop_server()
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    forkserver.start_server()
+    early = forkserver.server_pid()
+    assert early is not None
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    reply, child = run(report_cache_dir)
+    assert child.exitcode == 0 and reply == str(tmp_path / "inductor")
+    assert forkserver.server_pid() == early

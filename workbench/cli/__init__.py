@@ -15,6 +15,7 @@ from workbench.cli.options import EXIT_USAGE, UsageError
 from workbench.cli.output import ReaderMayLeave
 from workbench.cli.parser import build_parser
 from workbench.config import ConfigError
+from workbench.measure.forkserver import start_server
 from workbench.workloads.base import WorkloadError
 
 __all__ = ["UsageError", "build_parser", "main"]
@@ -23,6 +24,8 @@ __all__ = ["UsageError", "build_parser", "main"]
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "runs_trials", False):
+        start_server()  # its imports overlap ours: the first trial's worker is then a fork away
     stdout = sys.stdout
     sys.stdout = ReaderMayLeave(stdout)  # type: ignore[assignment]
     try:

@@ -19,7 +19,7 @@ def add_commands(sub: Any) -> None:
     add_trial_args(diagnose, steps=DIAGNOSE_STEPS)
     add_set_arg(diagnose)
     diagnose.add_argument("--trace-dir", default=None, help="where the gzip profiler trace goes (default: tmp)")
-    diagnose.set_defaults(handler=_cmd_diagnose)
+    diagnose.set_defaults(handler=_cmd_diagnose, runs_trials=True)
 
     estimate = sub.add_parser("estimate", help="peak memory of a config on a GPU, and the largest batch that fits")
     add_workload_args(estimate)

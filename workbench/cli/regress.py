@@ -37,7 +37,7 @@ def add_commands(sub: Any) -> None:
     regress.add_argument("--timeout", type=float, default=None, metavar="S", help="as for `run`")
     add_store_arg(regress, saving=True)
     add_output_args(regress)
-    regress.set_defaults(handler=_cmd_regress)
+    regress.set_defaults(handler=_cmd_regress, runs_trials=True)
 
 
 def _cmd_regress(args: argparse.Namespace) -> int:

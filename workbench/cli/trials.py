@@ -25,7 +25,7 @@ def add_commands(sub: Any) -> None:
     run.add_argument("--profile", action="store_true",
                      help="add a profiled window after the timed one and print the diagnosis")  # fmt: skip
     add_store_arg(run, saving=True)
-    run.set_defaults(handler=_cmd_run)
+    run.set_defaults(handler=_cmd_run, runs_trials=True)
 
     compare = sub.add_parser("compare", help="compare candidates against a baseline (calibrated, adaptive)")
     add_trial_args(compare, steps_help="timed steps of each configuration's fresh characterizing trial")
@@ -36,7 +36,7 @@ def add_commands(sub: Any) -> None:
                          help="a candidate's overrides on top of the baseline; repeat for more")  # fmt: skip
     add_protocol_args(compare)
     add_store_arg(compare, saving=True)
-    compare.set_defaults(handler=_cmd_compare)
+    compare.set_defaults(handler=_cmd_compare, runs_trials=True)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

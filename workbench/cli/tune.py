@@ -54,7 +54,7 @@ def add_commands(sub: Any) -> None:
     tune.add_argument("--json", action="store_true", help="print JSON instead of a summary")
     tune.add_argument("--quiet", action="store_true", help="no progress lines")
     add_store_arg(tune, saving=True)
-    tune.set_defaults(handler=_cmd_tune)
+    tune.set_defaults(handler=_cmd_tune, runs_trials=True)
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:

@@ -46,6 +46,10 @@ PRELOAD = ("torch", "torch._dynamo", "workbench.measure.trial")
 """What every trial imports (`torch._dynamo` comes with the first optimizer): imported once, in the server."""
 READY_S = 120.0
 """How long the first request waits for the server's imports before workers start as fresh interpreters."""
+READ_AT_USE = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+"""Environment variables read when a compile runs, never at import: a server serves any value of
+them (each worker gets the caller's). Inductor sets its cache dir's the first time it looks for it,
+in the caller too, which would otherwise replace a server started just before."""
 LOST_EXIT_CODE = 1
 """A forked worker's exit code when the server ended before it (so nobody could read the real one)."""
 
@@ -112,11 +116,12 @@ class ForkedProcess:
 
 
 class _Server:
-    """One running fork server and the environment it was started with."""
+    """One fork server and the environment it was started with; `ready()` waits for its imports."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        self.env = env
+        self.key = _key(env)
         self.why_not: str | None = None
+        self.answered = False
         self.startup_cpu_s = 0.0
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         command = [sys.executable, "-m", MODULE, str(theirs.fileno()), str(os.getpid()), *PRELOAD]
@@ -125,19 +130,30 @@ class _Server:
         finally:
             theirs.close()
         self.socket = ours
-        reply = self._receive(READY_S)
-        if reply is None or not reply.get("ready"):
-            self.why_not = (reply or {}).get("why", "the fork server did not start in time")
-            self.stop()
-        else:  # ours, and unseen by `os.times()` until we reap the server
-            self.startup_cpu_s = float(reply["cpu_s"])
-            count_unseen_cpu(self.startup_cpu_s)
 
-    def fork(self, request_fd: int, reply_fd: int, spare: bool) -> ForkedProcess:
+    def ready(self) -> bool:
+        """Whether it forks workers, once it has said so (it refuses on a GPU build of torch)."""
+        if not self.answered:
+            self.answered = True
+            reply = self._receive(READY_S)
+            if reply is None or not reply.get("ready"):
+                self.why_not = (reply or {}).get("why", "the fork server did not start in time")
+                self.stop()
+            else:  # ours, and unseen by `os.times()` until we reap the server
+                self.startup_cpu_s = float(reply["cpu_s"])
+                count_unseen_cpu(self.startup_cpu_s)
+        return self.why_not is None
+
+    @property
+    def refused(self) -> bool:
+        return self.answered and self.why_not is not None
+
+    def fork(self, request_fd: int, reply_fd: int, spare: bool, env: dict[str, str]) -> ForkedProcess:
         status_read, status_write = os.pipe()
         try:
             stdio = [fd for fd in (0, 1, 2) if _is_open(fd)]  # the worker's stdio is ours now, as a spawn's
-            message = json.dumps({"cwd": os.getcwd(), "spare": spare, "stdio": stdio}).encode()
+            at_use = {name: env.get(name) for name in READ_AT_USE}
+            message = json.dumps({"cwd": os.getcwd(), "spare": spare, "stdio": stdio, "env": at_use}).encode()
             socket.send_fds(self.socket, [message], [request_fd, reply_fd, status_write, *stdio])
         except BaseException:
             os.close(status_read)
@@ -151,11 +167,14 @@ class _Server:
         return ForkedProcess(int(reply["pid"]), status_read)
 
     def running(self) -> bool:
-        return self.why_not is None and self.process.poll() is None
+        return not self.refused and self.process.poll() is None
 
     def stop(self) -> None:
-        """Close the socket (the server exits on it) and reap the server; its workers live on."""
+        """Close the socket (a ready server exits on it; one still importing is killed) and reap it;
+        its workers live on."""
         self.socket.close()
+        if not self.answered or self.refused:
+            self.process.kill()
         try:
             self.process.wait(2)
         except subprocess.TimeoutExpired:
@@ -179,22 +198,48 @@ def fork_worker(request_fd: int, reply_fd: int, spare: bool = False) -> ForkedPr
     """A worker forked from the server for the caller's current environment, holding copies
     of the two pipe ends; None where workers must start as fresh interpreters (see above)."""
     global _server
-    if os.environ.get(SWITCH_ENV, "").strip().lower() == "spawn" or sys.platform != "linux" or _gpu_build():
+    if not _may_fork():
         return None
     env = child_environment()
     with _lock:
-        if _server is None or _server.env != env or (_server.why_not is None and not _server.running()):
-            if _server is not None and _server.why_not is None:
-                _server.stop()
-            _server = _Server(env)
-        if _server.why_not is not None:
+        server = _server_for(env)
+        if server is None:
             return None
         try:
-            return _server.fork(request_fd, reply_fd, spare)
+            return server.fork(request_fd, reply_fd, spare, env)
         except OSError:
-            _server.stop()
+            server.stop()
             _server = None
             return None
+
+
+def start_server() -> None:
+    """Start the server now without waiting for it, so its imports overlap the caller's own (a
+    command about to run trials); the first worker waits for it, if it must."""
+    if _may_fork():
+        with _lock:
+            _server_for(child_environment(), wait=False)
+
+
+def _server_for(env: dict[str, str], wait: bool = True) -> _Server | None:
+    """The server for `env` (started, or replacing one for another environment); None where it
+    refused to fork. Called holding `_lock`."""
+    global _server
+    if _server is None or _server.key != _key(env) or not (_server.refused or _server.running()):
+        if _server is not None and not _server.refused:
+            _server.stop()
+        _server = _Server(env)
+    if not wait:
+        return _server
+    return _server if _server.ready() else None
+
+
+def _key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((name, value) for name, value in env.items() if name not in READ_AT_USE))
+
+
+def _may_fork() -> bool:
+    return os.environ.get(SWITCH_ENV, "").strip().lower() != "spawn" and sys.platform == "linux" and not _gpu_build()
 
 
 def server_pid() -> int | None:
@@ -205,7 +250,7 @@ def server_pid() -> int | None:
 def stop_server() -> None:
     global _server
     with _lock:
-        if _server is not None and _server.why_not is None:
+        if _server is not None and not _server.refused:
             _server.stop()
         _server = None
 
@@ -333,6 +378,11 @@ def _become_worker(request: dict[str, Any], fds: list[int], parent_pid: int, ser
                 os.dup2(fd, target)
                 os.close(fd)
         os.chdir(request["cwd"])
+        for name, value in request["env"].items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         _reseed()
         run_child(fds[0], fds[1], parent_pid, spare=bool(request["spare"]))
         code = 0
