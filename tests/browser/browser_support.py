@@ -47,10 +47,15 @@ def free_port() -> int:
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
-    """End a server the test started: terminate, then kill if it does not go within 20 s."""
+    """End a server the test started: terminate, then kill if it does not go within 5 s.
+
+    A healthy JupyterLab server exits in about 2 s; one whose SIGTERM lands while a kernel is still
+    starting (a notebook the test just opened) fails its own clean-up (jupyter_server's
+    `cleanup_kernels` raises HTTP 404 for the kernel not yet registered) and never exits. Its
+    kernels end on their own once it is gone ("Parent appears to have exited")."""
     proc.terminate()
     try:
-        proc.wait(timeout=20)
+        proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
