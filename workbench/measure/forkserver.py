@@ -38,6 +38,7 @@ from typing import Any
 from workbench.measure.child_entry import run_child
 from workbench.measure.child_env import child_environment
 from workbench.measure.hostload import count_unseen_cpu
+from workbench.measure.lifeline import process_exists
 
 MODULE = "workbench.measure.forkserver"
 SWITCH_ENV = "WORKBENCH_WORKER_START"
@@ -95,7 +96,7 @@ class ForkedProcess:
         if self.returncode is not None:
             return
         if self._server_gone:  # nobody reaps it for us: only whether it still exists can be known
-            if not _exists(self.pid):
+            if not process_exists(self.pid):
                 self.returncode = LOST_EXIT_CODE
             elif timeout:
                 time.sleep(timeout)
@@ -270,16 +271,6 @@ def _is_open(fd: int) -> bool:
         os.fstat(fd)
     except OSError:
         return False
-    return True
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 

@@ -64,11 +64,12 @@ def _wait_for_exit(pid: int) -> None:
         poller.register(fd, select.POLLIN)
         poller.poll()
         return
-    while _exists(pid):
+    while process_exists(pid):
         time.sleep(POLL_S)
 
 
-def _exists(pid: int) -> bool:
+def process_exists(pid: int) -> bool:
+    """Whether `pid` exists (a zombie does; a process of another user counts too)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
