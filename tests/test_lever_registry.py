@@ -153,6 +153,35 @@ def test_every_config_field_but_seed_lr_extra_is_owned_by_exactly_one_lever() ->
     assert set(NOT_LEVERS) == {"seed", "lr", "extra"}
 
 
+def test_pytorchs_defaults_run_here_so_a_default_config_is_checked_without_probing() -> None:
+    """`check_config` probes only the levers a config changes; that is sound because every lever's
+    default value is available (by the full table), and a changed value is still refused."""
+    from workbench.config import ConfigError, TrainConfig
+    from workbench.levers import capabilities, check_config
+
+    default = TrainConfig()
+    for name, table in capabilities("cpu").items():
+        value = getattr(default, name)
+        assert value not in table or table[value].available, (name, value, table[value].reason)
+    code = (
+        "import sys\nfrom workbench.config import TrainConfig\nfrom workbench.levers import check_config\n"
+        "check_config(TrainConfig(), 'cpu')\nprint('torch._dynamo' in sys.modules)"
+    )
+    assert _run(code).stdout.strip() == "False"  # the compile and fused-optimizer probes import the compiler
+    refused = [(name, v) for name, table in capabilities("cpu").items() for v, a in table.items() if not a.available]
+    assert refused, "this CPU refuses nothing: the refusals below prove nothing"
+    checked = 0
+    for name, value in refused:
+        try:
+            config = TrainConfig(**{name: value})
+        except ConfigError:
+            continue  # refused on its own already (e.g. float8 without compile)
+        with pytest.raises(ConfigError, match=f"{name}={value} is not available on cpu"):
+            check_config(config, "cpu")
+        checked += 1
+    assert checked >= 5, refused
+
+
 def test_the_levers_spaces_give_only_values_this_device_runs() -> None:
     """The default space against the device's own table: nothing it refuses is tried."""
     from workbench.levers import capabilities

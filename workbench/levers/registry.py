@@ -94,31 +94,49 @@ def lever_of(field_name: str) -> Lever:
 def capabilities(device: str | torch.device | None = None) -> dict[str, dict[Any, Availability]]:
     """For every listed lever value: its Availability on this device (probed once per device)."""
     dev = resolve_device(device)
-    return _capabilities_cached(str(dev))
-
-
-@functools.lru_cache(maxsize=8)
-def _capabilities_cached(device_str: str) -> dict[str, dict[Any, Availability]]:
-    import torch
-
-    dev = torch.device(device_str)
     caps: dict[str, dict[Any, Availability]] = {}
-    for lever in LEVERS:
-        caps.update(lever.availability(dev))
+    for index in range(len(LEVERS)):
+        caps.update(_lever_availability(index, str(dev)))
     return caps
 
 
+@functools.lru_cache(maxsize=128)
+def _lever_availability(index: int, device_str: str) -> dict[str, dict[Any, Availability]]:
+    """One lever's table on one device: some probes run a kernel or import the compiler (~1 s)."""
+    import torch
+
+    return LEVERS[index].availability(torch.device(device_str))
+
+
 def check_config(config: TrainConfig, device: str | torch.device | None = None) -> None:
-    """Raise ConfigError when the config asks for something this device cannot do."""
+    """Raise ConfigError when the config asks for something this device cannot do.
+
+    Only the levers the config changes are probed: PyTorch's defaults (`TrainConfig()`) run on
+    every device, and a process that checks a default config (the CLI before its workers, each
+    worker) skips probes that import the compiler.
+    """
     dev = resolve_device(device)
-    for name, table in capabilities(dev).items():
-        value = getattr(config, name)
-        availability = table.get(value)
-        if availability is not None and not availability.available:
-            raise ConfigError(f"{name}={value} is not available on {dev}: {availability.reason}")
+    default = _default_like(config)
+    for index, lever in enumerate(LEVERS):
+        if default is not None and all(getattr(config, name) == getattr(default, name) for name in lever.fields):
+            continue
+        for name, table in _lever_availability(index, str(dev)).items():
+            value = getattr(config, name)
+            availability = table.get(value)
+            if availability is not None and not availability.available:
+                raise ConfigError(f"{name}={value} is not available on {dev}: {availability.reason}")
     for lever in LEVERS:
         if lever.check is not None:
             lever.check(config, dev)
+
+
+def _default_like(config: TrainConfig) -> TrainConfig | None:
+    """The config's own class with every default (a subclass adds a user's lever fields), or None
+    when that class has a field without one: then every lever is probed."""
+    try:
+        return type(config)()
+    except (TypeError, ConfigError):
+        return None
 
 
 def capabilities_report(device: str | torch.device | None = None) -> dict[str, Any]:
