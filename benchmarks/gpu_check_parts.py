@@ -96,8 +96,7 @@ def compile_warmup(dry_run: bool) -> int:
     from workbench.trials import run_trial
 
     if dry_run:
-        print("CPU dry run: skipped (a cold inductor compile of the VLM takes minutes on a small CPU)")
-        key("skipped on CPU")
+        print("no CPU dry run: a cold inductor compile of the VLM's base preset takes minutes on a small CPU")
         return 0
     config = TrainConfig(amp="bf16", compile="default")
     result = run_trial("driving-vlm", config, preset="base", warmup=1, steps=2, device="cuda")

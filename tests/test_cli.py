@@ -110,7 +110,7 @@ def test_compare_table_shows_every_candidate(tmp_path: Path) -> None:
     proc = workbench("compare", "--workload", "sleepy_models:sleepy", "--baseline", "amp=fp32",
                      "--candidate", "channels_last=true",
                      "--candidate", "activation_checkpointing=full,checkpoint_target=Sleepy",
-                     "--steps", "3", "--warmup", "1", "--budget", "1", env=env)  # fmt: skip
+                     "--steps", "3", "--warmup", "1", "--budget", "1", "--paired-workers", "1", env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "baseline: defaults" in proc.stdout
     assert "channels_last=True" in proc.stdout and "activation_checkpointing=full" in proc.stdout

@@ -377,12 +377,12 @@ def test_regress_catches_a_slower_step_and_passes_an_unchanged_rerun(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every step sleeps 20 ms (so load on this shared machine cannot fake a 50% change); the
-    'slower commit' sleeps 200 ms — slow_step_ms is not part of the configuration's identity, so
+    'slower commit' sleeps 100 ms — slow_step_ms is not part of the configuration's identity, so
     it is checked against the plain configuration's history, as a real slow commit would be."""
     (tmp_path / "tiny_models.py").write_text(textwrap.dedent(TINY_MODULE))
     base = {"name": "proof", "workload": "tiny_models:tiny", "steps": 8, "warmup": 1,
             "configurations": [{"name": "mlp", "config": "extra.slow_step_ms=20"}]}  # fmt: skip
-    slower = {**base, "configurations": [{"name": "mlp", "config": "extra.slow_step_ms=200"}]}
+    slower = {**base, "configurations": [{"name": "mlp", "config": "extra.slow_step_ms=100"}]}
 
     # The history so far: one earlier run of the suite (measured here, in process, to save a start-up).
     monkeypatch.syspath_prepend(str(tmp_path))
