@@ -164,3 +164,20 @@ def test_a_server_started_early_serves_the_first_trial_and_passes_the_compile_ca
     reply, child = run(report_cache_dir)
     assert child.exitcode == 0 and reply == str(tmp_path / "inductor")
     assert forkserver.server_pid() == early
+
+
+def report_current_test(requests: Any, replies: Any) -> None:
+    replies.send(os.environ.get("PYTEST_CURRENT_TEST"))
+
+
+def test_pytests_per_phase_variable_keeps_the_server_and_reaches_each_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytest rewrites PYTEST_CURRENT_TEST for every test's setup, call and teardown: a suite that
+    runs trials in many tests (a user's regression checks) keeps one server, and each worker still
+    sees the value its caller had."""
+    run(report_process)
+    server = forkserver.server_pid()
+    for phase in ("test_a (setup)", "test_a (call)", "test_b (call)"):
+        monkeypatch.setenv("PYTEST_CURRENT_TEST", phase)
+        reply, child = run(report_current_test)
+        assert child.exitcode == 0 and reply == phase
+    assert forkserver.server_pid() == server

@@ -47,10 +47,12 @@ PRELOAD = ("torch", "torch._dynamo", "workbench.measure.trial")
 """What every trial imports (`torch._dynamo` comes with the first optimizer): imported once, in the server."""
 READY_S = 120.0
 """How long the first request waits for the server's imports before workers start as fresh interpreters."""
-READ_AT_USE = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
-"""Environment variables read when a compile runs, never at import: a server serves any value of
+READ_AT_USE = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "PYTEST_CURRENT_TEST")
+"""Environment variables read when they are used, never at import: a server serves any value of
 them (each worker gets the caller's). Inductor sets its cache dir's the first time it looks for it,
-in the caller too, which would otherwise replace a server started just before."""
+in the caller too, which would otherwise replace a server started just before; pytest rewrites
+PYTEST_CURRENT_TEST for every test phase, which would otherwise start a new server (seconds of
+imports) for every test of a suite that runs trials."""
 LOST_EXIT_CODE = 1
 """A forked worker's exit code when the server ended before it (so nobody could read the real one)."""
 
