@@ -146,8 +146,8 @@ def test_a_worker_outlives_its_server_and_the_next_one_starts_a_new_server() -> 
     assert reply["ppid"] == forkserver.server_pid() not in (None, server)
 
 
-def report_cache_dir(requests: Any, replies: Any) -> None:
-    replies.send(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
+def report_variable(requests: Any, replies: Any, name: str) -> None:
+    replies.send(os.environ.get(name))
 
 
 def test_a_server_started_early_serves_the_first_trial_and_passes_the_compile_cache_dir_on(
@@ -161,13 +161,9 @@ def test_a_server_started_early_serves_the_first_trial_and_passes_the_compile_ca
     early = forkserver.server_pid()
     assert early is not None
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    reply, child = run(report_cache_dir)
+    reply, child = run(report_variable, "TORCHINDUCTOR_CACHE_DIR")
     assert child.exitcode == 0 and reply == str(tmp_path / "inductor")
     assert forkserver.server_pid() == early
-
-
-def report_current_test(requests: Any, replies: Any) -> None:
-    replies.send(os.environ.get("PYTEST_CURRENT_TEST"))
 
 
 def test_pytests_per_phase_variable_keeps_the_server_and_reaches_each_worker(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -178,6 +174,6 @@ def test_pytests_per_phase_variable_keeps_the_server_and_reaches_each_worker(mon
     server = forkserver.server_pid()
     for phase in ("test_a (setup)", "test_a (call)", "test_b (call)"):
         monkeypatch.setenv("PYTEST_CURRENT_TEST", phase)
-        reply, child = run(report_current_test)
+        reply, child = run(report_variable, "PYTEST_CURRENT_TEST")
         assert child.exitcode == 0 and reply == phase
     assert forkserver.server_pid() == server
