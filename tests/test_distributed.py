@@ -151,8 +151,16 @@ def test_cancel_stops_torchrun_and_every_rank() -> None:
             cancel.set()
 
     begin = time.monotonic()
-    result = run_trial(tiny(), TrainConfig(strategy="ddp", nproc_per_node=2), warmup=1, steps=1000,
-                       device="cpu", on_event=on_event, cancel=cancel, timeout_s=120)  # fmt: skip
+    result = run_trial(
+        tiny(),
+        TrainConfig(strategy="ddp", nproc_per_node=2),
+        warmup=1,
+        steps=1000,
+        device="cpu",
+        on_event=on_event,
+        cancel=cancel,
+        timeout_s=120,
+    )
     assert result.status == "cancelled"
     assert time.monotonic() - begin < 60
     assert no_live_children()
@@ -217,34 +225,72 @@ def test_interval_arithmetic_and_overlap_figures() -> None:
     assert profile.exposed_comm_ms == 3.0 and profile.hidden_share == pytest.approx(0.4)
 
 
-def _rank_data(rank: int, compute_ms: float, comm_ms: float, overlap_ms: float, steps: list[float]) -> dict:
-    profile = {"steps": 3, "step_ms": 100.0, "compute_ms": compute_ms, "comm_ms": comm_ms, "overlap_ms": overlap_ms,
-               "exposed_comm_ms": comm_ms - overlap_ms, "hidden_share": overlap_ms / comm_ms}  # fmt: skip
+def _rank_data(
+    rank: int,
+    compute_ms: float,
+    comm_ms: float,
+    overlap_ms: float,
+    steps: list[float],
+    data_ms: float = 5.0,
+    wait_ms: float = 2.0,
+) -> dict:
+    profile = {
+        "steps": 3,
+        "step_ms": 100.0,
+        "compute_ms": compute_ms,
+        "comm_ms": comm_ms,
+        "overlap_ms": overlap_ms,
+        "exposed_comm_ms": comm_ms - overlap_ms,
+        "hidden_share": overlap_ms / comm_ms,
+    }
     probe = {"bytes": 1e6, "time_ms": 1.0 + rank, "algbw_gbps": 1.0 / (1 + rank), "busbw_gbps": 1.0 / (1 + rank)}
-    return {"rank": rank, "host": "h", "step_ms": steps, "profile": profile, "allreduce": probe}
+    n = len(steps)
+    phases = {"data": [data_ms] * n, "forward": [30.0] * n, "backward": [40.0 + wait_ms] * n, "optimizer": [5.0] * n}
+    return {
+        "rank": rank,
+        "host": "h",
+        "step_ms": steps,
+        "profile": profile,
+        "allreduce": probe,
+        "phase_ms": phases,
+        "sync_wait_ms": [wait_ms] * n,
+        "gradient_wait_ms": [wait_ms] * n,
+    }
 
 
 def test_rank_summary_and_findings_from_known_figures() -> None:
-    """Rank 1 computes 60 ms to rank 0's 40; half the step is exposed communication."""
+    """Rank 1's loader takes 40 ms longer: rank 0 waits 40 ms for it at every gradient sync, which its profile
+    counts as exposed communication. The finding is the straggler with its cause, not 'synchronization bound'."""
     config = TrainConfig(strategy="ddp", nproc_per_node=2)
-    gathered = [_rank_data(0, 40.0, 60.0, 10.0, [100.0, 102.0, 98.0]), _rank_data(1, 60.0, 60.0, 10.0, [101.0] * 3)]
+    steps = [100.0, 102.0, 98.0, 100.0, 101.0, 99.0, 100.0, 100.0]
+    gathered = [
+        _rank_data(0, 40.0, 60.0, 10.0, steps, data_ms=5.0, wait_ms=42.0),
+        _rank_data(1, 40.0, 20.0, 10.0, steps, data_ms=45.0, wait_ms=2.0),
+    ]
     info = summarize_ranks(gathered, config, "gloo", 2, step_comm_bytes=3_000_000)
-    assert info["compute_ms"] == 50.0 and info["exposed_comm_ms"] == 50.0
-    assert info["comm_share"] == 0.5 and info["hidden_share"] == pytest.approx(10 / 60)
-    assert info["compute_skew"] == pytest.approx(0.5) and info["slowest_rank"] == 1
-    assert info["rank_skew"] == pytest.approx(0.01)
+    assert info["compute_ms"] == 40.0 and info["exposed_comm_ms"] == 30.0
+    assert info["comm_share"] == pytest.approx(0.3) and info["hidden_share"] == pytest.approx(10 / 40)
+    assert info["rank_skew"] == pytest.approx(0.0)
     assert info["allreduce"]["time_ms"] == 2.0  # the slowest rank bounds a collective
-    assert info["step_comm_gbps"] == pytest.approx(3e6 / 0.060 / 1e9)
+    assert info["step_comm_gbps"] == pytest.approx(3e6 / 0.040 / 1e9)
 
     result = TrialResult(trial_id="t", status="ok", workload="w", config=config.to_dict(), distributed=info)
     result.capabilities = {"comm_hook": {"bf16": {"available": False, "reason": "needs NCCL"}}}
     findings = distributed_findings(result)
-    assert [f.title for f in findings] == ["distributed synchronization bound", "straggler: rank 1"]
+    assert [f.title for f in findings] == ["straggler: rank 1 (data loading)"]
+    assert "rank 1 arrives 40.0 ms" in findings[0].summary and "wait 42.0 ms" in findings[0].summary
+    assert {"num_workers": 2} in [rec.changes for rec in findings[0].recommendations]
+
+    # Every rank waits 50 ms and none is late: that is communication itself.
+    even = [_rank_data(r, 40.0, 60.0, 10.0, steps, wait_ms=50.0) for r in (0, 1)]
+    result.distributed = summarize_ranks(even, config, "gloo", 2, step_comm_bytes=3_000_000)
+    findings = distributed_findings(result)
+    assert [f.title for f in findings] == ["distributed synchronization bound"]
     changes = [rec.changes for rec in findings[0].recommendations]
     assert {"comm_hook": "fp16"} in changes and {"ddp_static_graph": True} in changes  # bf16 hook: not here
     for change in filter(None, changes):
         config.replace(**change)  # every suggested change is a valid config
-    assert "rank 1" in findings[1].summary and "50%" in findings[1].summary
+    assert "50.0 ms of every 100.0 ms step (50%)" in findings[0].summary
     healthy = TrialResult(trial_id="t", status="ok", workload="w", config=config.to_dict())
     assert distributed_findings(healthy) == []
 
@@ -358,9 +404,19 @@ def test_a_killed_launcher_takes_torchrun_and_every_rank_with_it() -> None:
     from proc_watch import start_cli_and_wait_for_steps, still_running_after
 
     cli, processes = start_cli_and_wait_for_steps(
-        ["run", "--workload", PLANNER, "--set", "strategy=ddp,nproc_per_node=2", "--steps", "100000", "--warmup",
-         "1", "--no-store"]
-    )  # fmt: skip
+        [
+            "run",
+            "--workload",
+            PLANNER,
+            "--set",
+            "strategy=ddp,nproc_per_node=2",
+            "--steps",
+            "100000",
+            "--warmup",
+            "1",
+            "--no-store",
+        ]
+    )
     assert sum("workbench.distributed" in " ".join(p.cmdline()) for p in processes) >= 2, processes
     cli.kill()
     cli.communicate()

@@ -84,7 +84,7 @@ def test_the_rank_with_the_slow_loader_is_named_the_straggler_with_its_data_wait
     view = wb.ui.Watch("ddp-job", store=store, start=False)  # the notebook view: the newest launch, per rank
     view.refresh()
     assert view.steps.data["label"] == ["rank 0", "rank 1"] and {r.job for r in view.runs} == second
-    assert "ranks keep pace" in view.table.value
+    assert "the ranks keep pace" in view.table.value
     view = wb.ui.Watch(next(iter(first)), store=store, start=False)  # a job id names that launch
     view.refresh()
     assert "straggler: rank 1" in view.table.value and view.waits.data["label"][1] == "rank 1 data wait"

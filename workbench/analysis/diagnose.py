@@ -21,6 +21,7 @@ well-balanced step should be; its recommendations make the compute itself faster
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -134,13 +135,22 @@ def diagnose(result: TrialResult, flops: FlopCount | int | None = None) -> Diagn
         *_kernels(ctx, profile, mfu, phases),
         *distributed_findings(result),
     ]
-    kept = [f for f in findings if f is not None]
+    kept = _one_rank_data_finding(f for f in findings if f is not None)
     kept += utilization_findings(ctx, result, kept)
     notes += utilization_notes(result)
     kept.sort(key=lambda f: (f.severity != "bottleneck", -f.score))
     if profile.get("syncs", {}).get("error"):
         notes.append(f"sync scan failed: {profile['syncs']['error']}")
     return Diagnosis(result.trial_id, kept, mfu, notes)
+
+
+def _one_rank_data_finding(findings: Iterable[Finding]) -> list[Finding]:
+    """A straggler late because of its data loading carries the data advice for that rank: rank 0's own
+    data-bound finding (the phases are rank 0's) would say it again without naming the rank."""
+    kept = list(findings)
+    if any(f.kind == "distributed" and f.evidence.get("cause") == "data" for f in kept):
+        kept = [f for f in kept if f.kind != "data"]
+    return kept
 
 
 def ctx_device_name(result: TrialResult) -> str:

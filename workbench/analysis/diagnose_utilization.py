@@ -32,8 +32,17 @@ DATA_WAIT_SHARE = 0.1
 def utilization_findings(ctx: recommend.Context, result: TrialResult, findings: list[Finding]) -> list[Finding]:
     """New findings from the window's utilization; evidence for existing ones is added to them in place."""
     util = result.utilization or {}
-    found = [_gpu_underused(ctx, util.get("gpu"), findings), _cpu_contention(ctx, util.get("cpu"))]
+    cpu = _without_other_ranks(util.get("cpu"), (result.distributed or {}).get("host_load"))
+    found = [_gpu_underused(ctx, util.get("gpu"), findings), _cpu_contention(ctx, cpu)]
     return [f for f in found if f is not None]
+
+
+def _without_other_ranks(cpu: dict[str, Any] | None, hosts: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """Rank 0's CPU figures with the other ranks on its host no longer counted as 'other processes'."""
+    if not cpu or not hosts:
+        return cpu
+    own_host = hosts[0]  # listed in rank order: rank 0's host first
+    return {**cpu, "other_cores": max(0.0, float(cpu["host_busy_cores"]) - own_host["ranks_cores"])}
 
 
 def utilization_notes(result: TrialResult) -> list[str]:

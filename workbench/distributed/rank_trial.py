@@ -29,6 +29,8 @@ from workbench.measure.events import EventSink, TrialFinished, TrialStarted
 from workbench.measure.outcome import start_result
 from workbench.measure.request import TrialRequest
 from workbench.measure.result import TrialResult
+from workbench.measure.schedstat import RunQueueSteps
+from workbench.measure.syncwait import SyncWaits
 from workbench.measure.timing import synchronize
 from workbench.measure.window import LossLog, run_window
 from workbench.workloads import load_workload
@@ -78,11 +80,19 @@ def run_rank_trial(request: TrialRequest, ctx: RankContext, *, emit: EventSink, 
     train_step = build(local_wl, local_config, ctx.device, checked=request.checked)
     result.applied = [{"toggle": a.toggle, "value": a.value, "detail": a.detail} for a in train_step.applied]
     batches = local_wl.batches(local_config)
-    losses = LossLog(ctx.device, request.warmup, request.steps, reduce=lambda loss: _world_mean(loss, ctx))
-    run_window(train_step, batches, result, emit, losses, on_phase=progress)  # reads the CUDA peak at its end
+    waits, queue = SyncWaits(train_step.model, ctx.device), RunQueueSteps()
+    losses = LossLog(ctx.device, request.warmup, request.steps, reduce=lambda loss: _world_mean(loss, ctx, waits))
+    run_window(train_step, batches, result, emit, losses, on_phase=_noting_phases(progress, waits, queue))
+    waits.close()
     local: dict[str, Any] = {"rank": ctx.rank, "host": socket.gethostname(), "step_ms": list(result.step_ms)}
     local["warmup_step_ms"] = list(result.warmup_step_ms)
     local["peak_memory_bytes"] = result.peak_memory_bytes
+    local["phase_ms"] = {name: list(values) for name, values in result.phase_ms.items()}
+    if waits.gradient_sync_seen:
+        local["sync_wait_ms"] = waits.resolve()[result.warmup :]
+        local["gradient_wait_ms"] = waits.resolve("gradient")[result.warmup :]
+    local["cpu"] = (result.utilization or {}).get("cpu")
+    local["cpu_wait_ms"] = queue.per_step_ms[result.warmup :]
     if result.status == "ok":
         local["profile"] = profile_comm(train_step, batches, ctx, result.warmup + result.steps, progress).to_dict()
         local["allreduce"] = measure_allreduce(_gradient_bytes(train_step), ctx)
@@ -96,11 +106,29 @@ def run_rank_trial(request: TrialRequest, ctx: RankContext, *, emit: EventSink, 
     return result
 
 
-def _world_mean(loss: torch.Tensor, ctx: RankContext) -> torch.Tensor:
-    """The global batch's loss: the mean of every rank's (the loss the ranks stop on together)."""
+def _world_mean(loss: torch.Tensor, ctx: RankContext, waits: SyncWaits) -> torch.Tensor:
+    """The global batch's loss: the mean of every rank's (the loss the ranks stop on together).
+
+    It is the step's last synchronization: a rank late to it (a slow optimizer step) makes the
+    others wait here, so the wait counts with the gradient sync's."""
     total = loss.clone()
-    dist.all_reduce(total)
+    waits.timed(lambda: dist.all_reduce(total))
+    waits.end_step()
     return total / ctx.world_size
+
+
+def _noting_phases(progress: Progress, waits: SyncWaits, queue: RunQueueSteps) -> Progress:
+    """The rank's progress report, also telling `waits` when each backward returned and `queue`
+    when each step's phases ended (its run-queue delay per step)."""
+
+    def on_phase(step: int, phase: str) -> None:
+        if phase == "backward":
+            waits.backward_returned()
+        elif phase in ("optimizer", "step"):  # 'step': a CUDA-graph replay is one phase
+            queue.step_ended()
+        progress(step, phase)
+
+    return on_phase
 
 
 def profile_comm(step: TrainStep, batches: Any, ctx: RankContext, first_index: int, progress: Progress) -> Any:

@@ -44,7 +44,42 @@ def summarize_ranks(
     summary["step_comm_bytes"] = step_comm_bytes
     summary["step_comm_gbps"] = step_comm_bytes / (comm / 1000.0) / 1e9 if step_comm_bytes and comm else None
     summary.update(_skews(rows))
+    summary["timeline"] = [_timeline(item) for item in gathered]
+    summary["host_load"] = _host_load(gathered)
     return summary
+
+
+def _timeline(item: dict[str, Any]) -> dict[str, Any]:
+    """One rank's timed steps: step time, each phase, and the time it waited at synchronizations."""
+    return {
+        "rank": item["rank"],
+        "host": item.get("host", ""),
+        "step_ms": list(item.get("step_ms") or []),
+        "phase_ms": dict(item.get("phase_ms") or {}),
+        "sync_wait_ms": item.get("sync_wait_ms"),
+        "gradient_wait_ms": item.get("gradient_wait_ms"),
+        "cpu_wait_ms": item.get("cpu_wait_ms"),
+    }
+
+
+def _host_load(gathered: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per host: its busy cores during the timed window and how many of them the ranks used themselves.
+
+    Each rank's own window probe counts the other ranks as 'other' work: only the ranks' sum,
+    taken from the host's busy cores, leaves what other processes used."""
+    hosts: dict[str, list[dict[str, Any]]] = {}
+    for item in gathered:
+        if item.get("cpu"):
+            hosts.setdefault(str(item.get("host", "")), []).append(item["cpu"])
+    return [
+        {
+            "host": host,
+            "busy_cores": fmean(cpu["host_busy_cores"] for cpu in cpus),
+            "ranks_cores": sum(cpu["cores_used"] for cpu in cpus),
+            "cores": int(cpus[0]["host_cores"]),
+        }
+        for host, cpus in hosts.items()
+    ]
 
 
 def _rank_row(item: dict[str, Any]) -> dict[str, Any]:

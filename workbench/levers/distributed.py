@@ -10,6 +10,7 @@ the launcher (`workbench.distributed`); this module never creates one.
 from __future__ import annotations
 
 import importlib.util
+import os
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -167,6 +168,17 @@ WORLD_SIZES_SHOWN = (1, 2, 4, 8)
 
 CPU_RANKS_MAX_FLOOR = 2
 """Gloo ranks allowed on CPU even with fewer cores: the smallest world that exercises the real path."""
+CPU_RANKS_MAX_VARIABLE = "WORKBENCH_CPU_RANKS_MAX"
+"""Raises that limit on purpose: to check a larger world's behaviour (which rank is named, how a
+failure is reported) on a small machine, where its step times are time-shared and mean little."""
+
+
+def _ranks_allowed_by_user() -> int:
+    value = os.environ.get(CPU_RANKS_MAX_VARIABLE, "")
+    try:
+        return int(value) if value else 0
+    except ValueError:
+        raise ConfigError(f"{CPU_RANKS_MAX_VARIABLE}={value!r} must be a whole number of gloo ranks") from None
 
 
 def world_size_availability(nproc: int, dev: torch.device) -> Availability:
@@ -177,11 +189,12 @@ def world_size_availability(nproc: int, dev: torch.device) -> Availability:
             return Availability(False, f"this machine has {count} CUDA device(s); each rank needs its own GPU")
         return ALWAYS
     cores = cpu_cores()
-    limit = max(CPU_RANKS_MAX_FLOOR, cores)
+    limit = max(CPU_RANKS_MAX_FLOOR, cores, _ranks_allowed_by_user())
     if nproc > limit:
         return Availability(
             False,
-            f"{nproc} gloo ranks on {cores} CPU core(s) would time-share cores; the step times would mean nothing",
+            f"{nproc} gloo ranks on {cores} CPU core(s) would time-share cores; the step times would mean nothing "
+            f"(set {CPU_RANKS_MAX_VARIABLE}={nproc} to run them anyway, for their behaviour, not their speed)",
         )
     return Availability(True, "gloo ranks on CPU cores, one thread each: shows the mechanics, not GPU speed")
 

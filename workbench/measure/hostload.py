@@ -57,3 +57,30 @@ def _machine_busy_s() -> float:
 def _own_cpu_s() -> float:
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system + _unseen_cpu_s
+
+
+class HostCpu:
+    """The host's busy cores and this process's own since it was made (a watched job's writer asks
+    at every flush): whether other work took cores the job's ranks needed."""
+
+    def __init__(self) -> None:
+        self._begin = (time.monotonic(), _machine_busy_s(), _process_cpu_s())
+
+    def figures(self) -> dict[str, float] | None:
+        """{busy_cores, own_cores, cores}, averaged since the start; None within its first second."""
+        import psutil
+
+        began, busy0, own0 = self._begin
+        wall = time.monotonic() - began
+        if wall < 1.0:
+            return None
+        return {
+            "busy_cores": max(0.0, _machine_busy_s() - busy0) / wall,
+            "own_cores": max(0.0, _process_cpu_s() - own0) / wall,
+            "cores": float(psutil.cpu_count() or 1),
+        }
+
+
+def _process_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system

@@ -167,8 +167,16 @@ _V4 = [
     "CREATE INDEX watch_profiles_by_run ON watch_profiles(run_id, status)",
 ]
 
+# Each watched step's time waiting at the gradient synchronization (its last gradient to the
+# optimizer step) and its training thread's run-queue delay: which rank arrives last, and
+# whether a free core was what it lacked. NULL where not measured (older rows included).
+_V5 = [
+    "ALTER TABLE watch_steps ADD COLUMN sync_wait_ms REAL",
+    "ALTER TABLE watch_steps ADD COLUMN cpu_wait_ms REAL",
+]
+
 #: MIGRATIONS[i] takes a store from version i to version i + 1.
-MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4]
+MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4, _V5]
 
 
 def schema_version() -> int:

@@ -72,7 +72,7 @@ class Watch(BokehView):
         if isinstance(self._store, (str, os.PathLike)) and not Path(self._store).exists():
             self.error = f"waiting for '{self.name}' to write its first step (no history file at {self._store} yet)"
             with self._lock:
-                self.table.value = self._table_html([])
+                self.table.value = self._table_html([], {})
             return
         try:
             with opened_store(self._store, create=False) as store:
@@ -88,7 +88,7 @@ class Watch(BokehView):
         with self._lock:
             self.runs = runs
             self._set_charts(runs, rows)
-            self.table.value = self._table_html(runs)
+            self.table.value = self._table_html(runs, rows)
             self.windows.value = _windows_html(windows)
 
     def request_profile(self, steps: int = 0) -> None:
@@ -142,13 +142,13 @@ class Watch(BokehView):
                 self._last[source.name or ""] = data
                 source.data = data
 
-    def _table_html(self, runs: list[WatchedRun]) -> str:
+    def _table_html(self, runs: list[WatchedRun], rows: dict[int, list[Any]]) -> str:
         if self.error:
             return f"<p><b>{html.escape(self.name)}</b>: {html.escape(self.error)}</p>"
         head = "<tr><th>run</th><th>state</th><th>step</th><th>steady step</th><th>data wait</th>" \
                "<th>peak memory</th><th>CPU</th><th>GPU</th></tr>"  # fmt: skip
         body = "".join(_row(run) for run in runs)
-        return f"<p><b>{html.escape(self.name)}</b>{_ranks_line(runs)}</p><table class='workbench-watch'>{head}{body}</table>"
+        return f"<p><b>{html.escape(self.name)}</b>{_ranks_line(runs, rows)}</p><table class='workbench-watch'>{head}{body}</table>"
 
     def _layout(self) -> Any:
         step = figure(title="Step time (ms), data wait shaded under it", height=260, sizing_mode="stretch_width",
@@ -192,17 +192,16 @@ def _newest_launch(runs: list[WatchedRun]) -> list[WatchedRun]:
     return sorted((r for r in runs if r.job == newest.job), key=lambda r: r.rank or 0)
 
 
-def _ranks_line(runs: list[WatchedRun]) -> str:
-    """For a torchrun job: the straggler and the skew (or that the ranks keep pace)."""
+def _ranks_line(runs: list[WatchedRun], rows: dict[int, list[Any]]) -> str:
+    """For a torchrun job: the straggler with its cause, a busy host, or why no rank is named."""
     if not runs or runs[0].job is None:
         return ""
-    job = job_of(runs)
-    if job.straggler is None:
-        pace = f"ranks keep pace (skew {job.skew:.0%} of a step)" if job.skew is not None else " ".join(job.notes)
-        return f" — {html.escape(pace)}"
-    slow = next(r for r in job.ranks if r.rank == job.straggler)
-    return (f" — <b>straggler: rank {slow.rank}</b>, {job.skew:.0%} of a step later to the collective; "
-            f"its data wait {html.escape(_ms(slow.data_ms))} a step")  # fmt: skip
+    job = job_of(runs, rows)
+    pace = html.escape(job.pace())
+    if job.straggler is not None:
+        head, _, rest = pace.partition(" — ")
+        return f" — <b>{head}</b> — {rest}"
+    return f" — {pace}"
 
 
 def _label(run: WatchedRun) -> str:

@@ -1,22 +1,24 @@
-"""A multi-process watched job read as one: each rank's steady figures, the rank skew and the straggler.
+"""A multi-process watched job read as one: each rank's steady figures and the straggler, with its cause.
 
-In a data-parallel step the ranks meet in backward (DDP's all-reduce, FSDP's reduce-scatter):
-a rank still waiting for its batch or running its forward when the others arrive makes them all
-wait there, so every rank's step time is about the same and the one that differs is the time
-*before* the collective: data wait + forward. The rank with the longest such time is the
-straggler, named when the spread reaches `STRAGGLER_SKEW` of a step (the same threshold a
-distributed trial's straggler finding uses); its data wait says whether its loader is why.
+Each rank's watch sees, per step, its data wait, forward, backward and optimizer time and how long
+it waited between its last gradient and its optimizer step — in a data-parallel job, waiting in
+the gradient all-reduce for the other ranks. The rank that waits least arrived last; the phase in
+which it spends longer than the others is why. The verdict is the one a distributed trial gets
+(`workbench.analysis.stragglers`): named only when consistent across steps and beyond the noise,
+and a busy host is reported instead of a rank its contention slowed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.analysis.ranks import STRAGGLER_SKEW
+from workbench.analysis.stragglers import PHASE_WORDS, PHASES, HostLoad, RankSteps, StragglerCheck, check_stragglers
 from workbench.store import DEFAULT_STORE, StoreArg, opened_store
-from workbench.store.watched import WatchedRun, watched_runs
+from workbench.store.core import Store
+from workbench.store.watched import StepRow, WatchedRun, watch_steps, watched_runs
 from workbench.textfmt import format_ms
 
 
@@ -48,26 +50,53 @@ class WatchedJob:
     ranks: list[RankFigures]
     straggler: int | None = None
     skew: float | None = None
-    """(slowest - fastest) time before the collective, over the median step time."""
+    """How late the latest rank comes to the step's synchronization, as a share of the step."""
+    check: StragglerCheck | None = None
+    """The straggler rule's verdict with its evidence (None until two ranks have steady steps)."""
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"job": self.job, "name": self.name, "world_size": self.world_size, "straggler": self.straggler,
-                "skew": self.skew, "notes": list(self.notes),
-                "ranks": [{**vars(r), "before_collective_ms": r.before_collective_ms} for r in self.ranks]}  # fmt: skip
+        return {
+            "job": self.job,
+            "name": self.name,
+            "world_size": self.world_size,
+            "straggler": self.straggler,
+            "skew": self.skew,
+            "notes": list(self.notes),
+            "check": self.check.to_dict() if self.check else None,
+            "ranks": [{**vars(r), "before_collective_ms": r.before_collective_ms} for r in self.ranks],
+        }
+
+    def pace(self) -> str:
+        """One line: the straggler with its cause and cost, a busy host, or why no rank is named."""
+        return _pace_line(self.check) or " ".join(self.notes)
 
     def describe(self) -> str:
         """A few lines: the straggler (or that the ranks keep pace), then one line per rank."""
         lines = [f"{self.name}: {len(self.ranks)} of {self.world_size or '?'} rank(s) watched ({self.job})"]
-        if self.straggler is not None:
-            slow = next(r for r in self.ranks if r.rank == self.straggler)
-            lines.append(f"straggler: rank {slow.rank}, {self.skew:.0%} of a step later to the collective than the "
-                         f"fastest rank; its data wait is {ms(slow.data_ms)} a step")  # fmt: skip
+        if self.check is not None:
+            lines.append(self.pace())
         lines += self.notes
         for r in self.ranks:
-            lines.append(f"  rank {r.rank}: step {ms(r.step_ms)}, data wait {ms(r.data_ms)}, forward "
-                         f"{ms(r.forward_ms)}, last step {r.last_step} ({r.status})")  # fmt: skip
+            lines.append(
+                f"  rank {r.rank}: step {ms(r.step_ms)}, data wait {ms(r.data_ms)}, forward "
+                f"{ms(r.forward_ms)}, last step {r.last_step} ({r.status})"
+            )
         return "\n".join(lines)
+
+
+def _pace_line(check: StragglerCheck | None) -> str:
+    if check is None:
+        return ""
+    if check.straggler is not None:
+        return f"straggler: rank {check.straggler} ({PHASE_WORDS[check.cause or 'unexplained']}) — {check.sentence()}"
+    if check.contention is not None:
+        load = check.contention
+        return (
+            f"host busy: other processes kept {load.other_cores:.1f} of {load.cores} cores busy; rank "
+            f"{check.candidate} ran {check.late_ms:.1f} ms late, which that can cause: no rank is blamed"
+        )
+    return "straggler: none, the ranks keep pace — " + "; ".join(check.reasons)
 
 
 def watched_job(job_or_name: str, store: StoreArg = DEFAULT_STORE) -> WatchedJob:
@@ -79,40 +108,78 @@ def watched_job(job_or_name: str, store: StoreArg = DEFAULT_STORE) -> WatchedJob
         if not runs:
             named = [r for r in watched_runs(db, name=job_or_name, limit=None) if r.job]
             if not named:
-                raise KeyError(f"no multi-process watched job '{job_or_name}' in {db.path}; a job's ranks are "
-                               "joined when it runs under torchrun (`workbench history` lists watched runs)")  # fmt: skip
+                raise KeyError(
+                    f"no multi-process watched job '{job_or_name}' in {db.path}; a job's ranks are "
+                    "joined when it runs under torchrun (`workbench history` lists watched runs)"
+                )
             runs = watched_runs(db, job=named[0].job, limit=None)
-    return job_of(runs)
+        steps = job_steps(db, runs)
+    return job_of(runs, steps)
 
 
-def job_of(runs: list[WatchedRun]) -> WatchedJob:
-    """The job the given watched runs (all of one job) make up."""
+def job_of(runs: list[WatchedRun], steps: dict[int, list[StepRow]] | None = None) -> WatchedJob:
+    """The job the given watched runs (all of one job) make up; `steps` (each run's recent rows, by run
+    id) lets it name a straggler, read as a distributed trial's is (`analysis.stragglers`)."""
     by_rank = {r.rank: r for r in sorted(runs, key=lambda r: r.run_id) if r.rank is not None}
     figures = [_figures(r) for _, r in sorted(by_rank.items())]
     first = runs[0]
     job = WatchedJob(str(first.job), first.name, first.world_size, figures)
-    return _with_straggler(job)
+    if job.world_size and len(job.ranks) < job.world_size:
+        job.notes.append(f"only {len(job.ranks)} of {job.world_size} ranks wrote a watched run so far")
+    ranked = list(by_rank.values())
+    check = check_stragglers([_rank_steps(r, (steps or {}).get(r.run_id, [])) for r in ranked], _host_loads(ranked))
+    if check is None or check.steps == 0:
+        job.notes.append("the ranks' pace is compared once two ranks have steady steps")
+        return job
+    return dataclasses.replace(job, straggler=check.straggler, skew=check.share, check=check)
+
+
+def job_steps(db: Store, runs: list[WatchedRun]) -> dict[int, list[StepRow]]:
+    """Each rank's recent steps in full (the window the straggler rule reads), by run id."""
+    return {r.run_id: watch_steps(db, r.run_id, recent=True) for r in runs if r.rank is not None}
+
+
+def _rank_steps(run: WatchedRun, rows: list[StepRow]) -> RankSteps:
+    """A rank's steady single-step rows as the straggler rule reads them."""
+    kept = [r for r in rows if r.steps == 1 and r.first_step > run.warmup and r.step_ms is not None]
+    waits = [r.sync_wait_ms for r in kept]
+    return RankSteps(
+        rank=int(run.rank or 0),
+        steps=[r.first_step for r in kept],
+        step_ms=[float(r.step_ms or 0.0) for r in kept],
+        phases={p: [getattr(r, f"{p}_ms") for r in kept] for p in PHASES},
+        wait_ms=waits if kept and all(w is not None for w in waits) else None,
+        host=run.host or "",
+        cpu_wait_ms=[r.cpu_wait_ms for r in kept],
+    )
+
+
+def _host_loads(runs: list[WatchedRun]) -> list[HostLoad]:
+    """Per host, its busy cores and the ranks' own, from each rank's writer (averaged over its run)."""
+    hosts: dict[str, list[dict[str, float]]] = {}
+    for run in runs:
+        cpu = run.summary.get("host_cpu")
+        if cpu:
+            hosts.setdefault(run.host or "", []).append(cpu)
+    return [
+        HostLoad(
+            statistics.fmean(c["busy_cores"] for c in cpus), sum(c["own_cores"] for c in cpus), int(cpus[0]["cores"])
+        )
+        for cpus in hosts.values()
+    ]
 
 
 def _figures(run: WatchedRun) -> RankFigures:
     s = run.summary
-    return RankFigures(int(run.rank or 0), run.run_id, run.status, run.last_step, s.get("steady_median_ms"),
-                       s.get("steady_data_ms"), s.get("steady_forward_ms"))  # fmt: skip
-
-
-def _with_straggler(job: WatchedJob) -> WatchedJob:
-    timed = [r for r in job.ranks if r.before_collective_ms is not None]
-    steps = [r.step_ms for r in job.ranks if r.step_ms is not None]
-    if job.world_size and len(job.ranks) < job.world_size:
-        job.notes.append(f"only {len(job.ranks)} of {job.world_size} ranks wrote a watched run so far")
-    if len(timed) < 2 or not steps:
-        job.notes.append("the ranks' pace is compared once two ranks have steady steps")
-        return job
-    slowest = max(timed, key=lambda r: r.before_collective_ms or 0.0)
-    fastest = min(timed, key=lambda r: r.before_collective_ms or 0.0)
-    skew = ((slowest.before_collective_ms or 0.0) - (fastest.before_collective_ms or 0.0)) / statistics.median(steps)
-    straggler = slowest.rank if skew >= STRAGGLER_SKEW else None
-    return WatchedJob(job.job, job.name, job.world_size, job.ranks, straggler, skew, job.notes)
+    return RankFigures(
+        int(run.rank or 0),
+        run.run_id,
+        run.status,
+        run.last_step,
+        s.get("steady_median_ms"),
+        s.get("steady_data_ms"),
+        s.get("steady_forward_ms"),
+    )
 
 
 def ms(value: float | None) -> str:

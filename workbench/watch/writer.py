@@ -21,7 +21,9 @@ from typing import Any
 import torch
 
 from workbench.fingerprint import environment_fingerprint
+from workbench.measure.hostload import HostCpu
 from workbench.measure.monitor import DeviceMonitor
+from workbench.measure.syncwait import elapsed_ms, stamp_done
 from workbench.store import DEFAULT_STORE, StoreArg, default_store_path
 from workbench.store.core import Store
 from workbench.store.watch_profiles import save_profile, take_request
@@ -45,6 +47,10 @@ class RawStep:
     optimizer: tuple[Any, Any] | None
     loss: Any
     peak_memory_bytes: int | None
+    grad_ready: Any = None
+    """When the step's last gradient was accumulated (None without the optimizer's hooks)."""
+    run_queue_s: float | None = None
+    """The training thread's run-queue total at the step's end (a running count, in s)."""
 
 
 class Writer:
@@ -72,6 +78,8 @@ class Writer:
         self._warned = False
         self._window: dict[str, Any] = {}
         self._energy_j: float | None = None
+        self._run_queue_s: float | None = None
+        self._host_cpu: HostCpu | None = None
         self._thread = threading.Thread(target=self._run, name="workbench-watch-writer", daemon=True)
 
     def start(self) -> None:
@@ -98,6 +106,7 @@ class Writer:
 
     def _run(self) -> None:
         monitor = _start_monitor(self.device)
+        self._host_cpu = HostCpu()
         store: Store | None = None
         try:
             while True:
@@ -140,12 +149,16 @@ class Writer:
             self._unresolved.append(self._pending.popleft())
         while self._unresolved:
             record = self._unresolved[0]
-            if not _done(record.end):
+            if not stamp_done(record.end):
                 if not final:
                     return
                 record.end.synchronize()  # the job has left the loop: only this thread waits
             self._unresolved.popleft()
-            self.history.add(_resolve(record))
+            cpu_wait = None
+            if record.run_queue_s is not None and self._run_queue_s is not None:
+                cpu_wait = (record.run_queue_s - self._run_queue_s) * 1000.0
+            self._run_queue_s = record.run_queue_s
+            self.history.add(_resolve(record, cpu_wait))
 
     def _flush(self, store: Store | None, ended: str | None) -> None:
         if store is None:
@@ -153,6 +166,7 @@ class Writer:
         history, replaced, recent, recent_from = self.history.changes()
         summary = run_summary(self.history.rows(), self.warmup, self.history, self._window, self._energy_j,
                               self.dropped_steps, self.dropped_writes)  # fmt: skip
+        summary["host_cpu"] = self._host_cpu.figures() if self._host_cpu is not None else None
         try:
             if self.run_id is None:
                 environment = environment_fingerprint(self.device)
@@ -219,30 +233,22 @@ def _start_monitor(device: Any) -> DeviceMonitor | None:
         return None
 
 
-def _done(stamp: Any) -> bool:
-    return isinstance(stamp, float) or bool(stamp.query())
-
-
-def _elapsed_ms(start: Any, end: Any) -> float:
-    if isinstance(start, float):
-        return (end - start) * 1000.0
-    return float(start.elapsed_time(end))
-
-
-def _resolve(r: RawStep) -> StepRow:
-    forward = backward = optimizer = None
+def _resolve(r: RawStep, cpu_wait_ms: float | None = None) -> StepRow:
+    forward = backward = optimizer = sync_wait = None
     if r.forward is not None:
-        forward = _elapsed_ms(*r.forward)
+        forward = elapsed_ms(*r.forward)
         if r.optimizer is not None:
-            backward = _elapsed_ms(r.forward[1], r.optimizer[0])
+            backward = elapsed_ms(r.forward[1], r.optimizer[0])
     if r.optimizer is not None:
-        optimizer = _elapsed_ms(*r.optimizer)
+        optimizer = elapsed_ms(*r.optimizer)
+    if r.grad_ready is not None and r.optimizer is not None:
+        sync_wait = max(0.0, elapsed_ms(r.grad_ready, r.optimizer[0]))
     if backward is not None and backward < 0:
         # The optimizer step began before the forward ended: it runs the forward and backward inside
         # (a closure, as Lightning's loop does), so its time holds them and backward has no edge.
-        backward = optimizer = None
-    return StepRow(r.step, 1, r.wall_time, _elapsed_ms(r.start, r.end), r.data_s * 1000.0, forward, backward,
-                   optimizer, r.peak_memory_bytes, _loss_value(r.loss))  # fmt: skip
+        backward = optimizer = sync_wait = None
+    return StepRow(r.step, 1, r.wall_time, elapsed_ms(r.start, r.end), r.data_s * 1000.0, forward, backward,
+                   optimizer, r.peak_memory_bytes, _loss_value(r.loss), sync_wait, cpu_wait_ms)  # fmt: skip
 
 
 def _loss_value(loss: Any) -> float | None:

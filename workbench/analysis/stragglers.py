@@ -1,0 +1,376 @@
+"""Which rank holds the others back, and why — claimed only with evidence.
+
+Input: every rank's per-step phases (data, forward, backward, optimizer) and its time waiting
+at the step's synchronizations (`workbench.measure.syncwait`). Ranks leave a synchronization
+together, so the rank that waits least arrived last: a rank's lateness at step s is the most
+any rank waited minus its own wait — no clocks compared across ranks or hosts. Its cause is the
+phase in which it spends longer than the other ranks do, and the others' waiting is its cost.
+
+A straggler is named only when (a) its median margin over the next-latest rank is at least
+`MIN_SHARE` of the step and `MIN_MS`, (b) it is the latest rank in significantly many steps
+(a one-sided sign test at `ALPHA`, Bonferroni over the ranks, since the latest is chosen after
+looking), and (c) each third of the window agrees. On a host whose other processes took cores
+the ranks needed, a late rank is reported as host contention instead of being blamed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from statistics import median
+from typing import Any
+
+PHASES = ("data", "forward", "backward", "optimizer")
+MIN_SHARE = 0.05
+"""Lateness below this share of the median step is never a straggler (a 10% delay is found)."""
+MIN_MS = 0.5
+"""…nor below this many ms: a thread yield on a busy core costs a few tenths of a ms."""
+ALPHA = 0.01
+"""False-alarm level of the sign test, shared by all ranks (each tested at ALPHA / ranks)."""
+MIN_STEPS = 6
+"""Fewer aligned steps than this cannot pass the sign test at ALPHA: nothing is claimed."""
+BLOCKS = 3
+CONTENTION_CORES = 0.5
+"""Other processes' cores above which, with the ranks' own use, a host counts as contended."""
+CONTENDED_SHARE = 0.75
+"""…when the ranks' cores plus the others' reach this share of the host's cores."""
+
+PHASE_WORDS = {
+    "data": "data loading",
+    "forward": "forward",
+    "backward": "backward compute",
+    "optimizer": "optimizer step",
+    "other": "code between the phases",
+    "cpu": "waiting for a CPU core",
+    "unexplained": "unexplained",
+}
+
+
+@dataclass(frozen=True)
+class RankSteps:
+    """One rank's aligned steps: per-step `step_ms`, phases and synchronization waits (ms)."""
+
+    rank: int
+    steps: list[int]
+    step_ms: list[float]
+    phases: dict[str, list[float | None]]
+    """'data', 'forward', 'backward' (its synchronization wait included), 'optimizer'."""
+    wait_ms: list[float | None] | None = None
+    """All waiting at the step's synchronizations; None when not measured."""
+    gradient_wait_ms: list[float | None] | None = None
+    """The part inside backward (the gradient sync); defaults to `wait_ms`."""
+    host: str = ""
+    cpu_wait_ms: list[float | None] | None = None
+    """Time its training thread was runnable but had no core (the run queue); None when not measured."""
+
+
+@dataclass(frozen=True)
+class HostLoad:
+    """A host's cores while the ranks ran: its busy cores, the ranks' own, and the total."""
+
+    busy_cores: float
+    ranks_cores: float
+    cores: int
+
+    @property
+    def other_cores(self) -> float:
+        return max(0.0, self.busy_cores - self.ranks_cores)
+
+    @property
+    def contended(self) -> bool:
+        return self.other_cores >= CONTENTION_CORES and (
+            self.ranks_cores + self.other_cores >= CONTENDED_SHARE * self.cores
+        )
+
+
+@dataclass(frozen=True)
+class RankPace:
+    """A rank's medians over the aligned steps (ms); `late_ms`: how long after the first it arrives."""
+
+    rank: int
+    step_ms: float
+    """Its median step, with waits outside the step's clock (`_cycle_ms`)."""
+    data_ms: float | None
+    forward_ms: float | None
+    backward_ms: float | None
+    """Backward compute: the gradient sync's wait taken out where it was measured."""
+    optimizer_ms: float | None
+    other_ms: float | None
+    wait_ms: float | None
+    late_ms: float
+    cpu_wait_ms: float | None = None
+
+
+@dataclass
+class StragglerCheck:
+    """The verdict on a set of ranks, with the numbers behind it either way."""
+
+    straggler: int | None
+    cause: str | None
+    """'data', 'forward', 'backward', 'optimizer', 'other', 'cpu' (starved of cores), or 'unexplained'."""
+    late_ms: float
+    """The latest rank's median margin over the next-latest."""
+    step_ms: float
+    steps: int
+    latest_steps: int
+    """Steps in which that rank arrived last."""
+    p_value: float
+    threshold_ms: float
+    excess_ms: dict[str, float]
+    """Per phase, how much longer the latest rank takes than the other ranks' median."""
+    others_wait_ms: float | None
+    """The median time the other ranks wait at synchronizations per step."""
+    comm_ms: float | None
+    """The latest rank's own wait: the communication itself, no rank to wait for."""
+    wait_measured: bool
+    ranks: list[RankPace]
+    candidate: int | None
+    contention: HostLoad | None = None
+    cpu_wait_excess_ms: float | None = None
+    """How much longer than the other ranks the latest one waited for a CPU core, per step."""
+    reasons: list[str] = field(default_factory=list)
+    """Why a straggler was or was not named, one clause each."""
+
+    @property
+    def share(self) -> float:
+        return self.late_ms / self.step_ms if self.step_ms > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["share"] = self.share
+        return data
+
+    def sentence(self) -> str:
+        """One sentence for the named straggler: who, how late, why, and what it costs the others."""
+        if self.straggler is None or self.cause is None:
+            return ""
+        rank, late = self.straggler, self.late_ms
+        because = _cause_words(self)
+        cost = ""
+        if self.others_wait_ms is not None:
+            cost = f"; the other ranks wait {self.others_wait_ms:.1f} ms a step for it at the synchronization"
+        return (
+            f"rank {rank} arrives {late:.1f} ms ({self.share:.0%} of a {self.step_ms:.1f} ms step) late at the "
+            f"step's synchronization in {self.latest_steps} of {self.steps} steps{because}{cost}"
+        )
+
+
+def check_stragglers(ranks: list[RankSteps], host_loads: list[HostLoad] | None = None) -> StragglerCheck | None:
+    """The straggler verdict over the steps every rank reported; None with fewer than two ranks."""
+    ranks = _aligned(ranks)
+    if len(ranks) < 2 or not ranks[0].steps:
+        return None
+    n = len(ranks[0].steps)
+    measured = all(r.wait_ms is not None and all(w is not None for w in r.wait_ms) for r in ranks)
+    arrival = [_arrival(r, measured) for r in ranks]  # larger = later
+    step = median(v for r in ranks for v in _cycle_ms(r))
+    late_per_rank = [[mine[s] - min(a[s] for a in arrival) for s in range(n)] for mine in arrival]
+    paces = [_pace(r, late) for r, late in zip(ranks, late_per_rank)]
+    best = max(range(len(ranks)), key=lambda i: median(late_per_rank[i]))
+    margin = [arrival[best][s] - max(a[s] for i, a in enumerate(arrival) if i != best) for s in range(n)]
+    late = median(margin)
+    latest = sum(1 for d in margin if d > 0)
+    p = _sign_test(latest, sum(1 for d in margin if d != 0))
+    threshold = max(MIN_SHARE * step, MIN_MS)
+    excess = _excess(paces, best)
+    others = [p_.wait_ms for i, p_ in enumerate(paces) if i != best and p_.wait_ms is not None]
+    check = StragglerCheck(
+        straggler=None,
+        cause=None,
+        late_ms=late,
+        step_ms=step,
+        steps=n,
+        latest_steps=latest,
+        p_value=p,
+        threshold_ms=threshold,
+        excess_ms=excess,
+        others_wait_ms=median(others) if others else None,
+        comm_ms=paces[best].wait_ms,
+        wait_measured=measured,
+        ranks=paces,
+        candidate=ranks[best].rank,
+    )
+    reasons = check.reasons
+    if not measured:
+        reasons.append(
+            "the synchronization wait was not measured, so lateness is read from data, forward and "
+            "optimizer time only: a rank slow in backward is not seen"
+        )
+    if n < MIN_STEPS:
+        reasons.append(f"only {n} steps seen by every rank (at least {MIN_STEPS} are needed)")
+        return check
+    blocks = _block_medians(margin)
+    size_ok, test_ok = late >= threshold, p < ALPHA / len(ranks)
+    blocks_ok = all(b > 0 for b in blocks)
+    reasons.append(
+        f"rank {check.candidate} is latest by a median {late:.2f} ms (threshold {threshold:.2f} ms: "
+        f"{MIN_SHARE:.0%} of the step, at least {MIN_MS} ms)"
+    )
+    reasons.append(f"latest in {latest} of {n} steps (sign test p={p:.2g}, needs < {ALPHA / len(ranks):.2g})")
+    reasons.append(f"window thirds {'agree' if blocks_ok else 'disagree'} ({', '.join(f'{b:.2f}' for b in blocks)} ms)")
+    if not (size_ok and test_ok and blocks_ok):
+        return check
+    check.cause = _cause(excess, late)
+    check.cpu_wait_excess_ms = _cpu_wait_excess(paces, best)
+    starved = check.cpu_wait_excess_ms is None or check.cpu_wait_excess_ms >= 0.5 * late
+    busy = next((h for h in host_loads or [] if h.contended), None)
+    if busy is not None and starved:
+        check.contention = busy
+        why = (
+            "its lateness is not explained otherwise"
+            if check.cpu_wait_excess_ms is None
+            else f"it waited {check.cpu_wait_excess_ms:.1f} ms a step longer than the others for a free core"
+        )
+        reasons.append(
+            f"the host was busy: other processes kept {busy.other_cores:.1f} of its {busy.cores} cores "
+            f"busy while the ranks used {busy.ranks_cores:.1f}, and {why}: contention, not the rank"
+        )
+        return check
+    if check.cpu_wait_excess_ms is not None and check.cpu_wait_excess_ms >= 0.5 * late:
+        check.cause = "cpu"  # its own threads (loader workers, intra-op threads) outnumber its cores
+    check.straggler = check.candidate
+    return check
+
+
+def _cpu_wait_excess(paces: list[RankPace], index: int) -> float | None:
+    mine = paces[index].cpu_wait_ms
+    theirs = [p.cpu_wait_ms for i, p in enumerate(paces) if i != index and p.cpu_wait_ms is not None]
+    return None if mine is None or not theirs else mine - median(theirs)
+
+
+def _aligned(ranks: list[RankSteps]) -> list[RankSteps]:
+    """The ranks restricted to the step numbers all of them reported (same order)."""
+    if not ranks:
+        return []
+    common = set(ranks[0].steps)
+    for r in ranks[1:]:
+        common &= set(r.steps)
+    out = []
+    for r in sorted(ranks, key=lambda r: r.rank):
+        keep = [i for i, s in enumerate(r.steps) if s in common]
+
+        def pick(values: list[Any] | None, keep: list[int] = keep) -> list[Any] | None:
+            return None if values is None else [values[i] for i in keep]
+
+        out.append(
+            RankSteps(
+                r.rank,
+                [r.steps[i] for i in keep],
+                [r.step_ms[i] for i in keep],
+                {k: pick(v) or [] for k, v in r.phases.items()},
+                pick(r.wait_ms),
+                pick(r.gradient_wait_ms),
+                r.host,
+                pick(r.cpu_wait_ms),
+            )
+        )
+    return out
+
+
+def _arrival(r: RankSteps, measured: bool) -> list[float]:
+    """How late the rank comes to the step's synchronizations, up to a constant shared by all ranks."""
+    if measured:
+        assert r.wait_ms is not None
+        return [-(w or 0.0) for w in r.wait_ms]  # who waits least arrived last
+    own = [sum(_value(r.phases, p, s) for p in ("data", "forward", "optimizer")) for s in range(len(r.steps))]
+    return own
+
+
+def _cycle_ms(r: RankSteps) -> list[float]:
+    """Each step's time plus any wait the step's clock did not see (a collective after it stopped):
+    how often the ranks really step."""
+    if r.wait_ms is None:
+        return list(r.step_ms)
+    inside = r.gradient_wait_ms if r.gradient_wait_ms is not None else r.wait_ms
+    return [t + max(0.0, (w or 0.0) - (g or 0.0)) for t, w, g in zip(r.step_ms, r.wait_ms, inside)]
+
+
+def _value(phases: dict[str, list[float | None]], name: str, index: int) -> float:
+    values = phases.get(name) or []
+    value = values[index] if index < len(values) else None
+    return float(value) if value is not None else 0.0
+
+
+def _pace(r: RankSteps, late: list[float]) -> RankPace:
+    def med(values: list[float | None] | None) -> float | None:
+        kept = [v for v in values or [] if v is not None]
+        return median(kept) if kept else None
+
+    n = len(r.steps)
+    grad_wait = r.gradient_wait_ms if r.gradient_wait_ms is not None else r.wait_ms
+    backward: list[float | None] = []
+    other: list[float | None] = []
+    for s in range(n):
+        b = (r.phases.get("backward") or [None] * n)[s]
+        w = grad_wait[s] if grad_wait is not None else None
+        backward.append(None if b is None else max(0.0, b - (w or 0.0)))
+        known = [(r.phases.get(p) or [None] * n)[s] for p in PHASES]
+        other.append(max(0.0, r.step_ms[s] - sum(v for v in known if v is not None)))
+    return RankPace(
+        r.rank,
+        median(_cycle_ms(r)),
+        med(r.phases.get("data")),
+        med(r.phases.get("forward")),
+        med(backward),
+        med(r.phases.get("optimizer")),
+        med(other),
+        med(r.wait_ms),
+        median(late),
+        med(r.cpu_wait_ms),
+    )
+
+
+def _excess(paces: list[RankPace], index: int) -> dict[str, float]:
+    """Per phase: the latest rank's median minus the median of the other ranks' medians."""
+    me = paces[index]
+    out = {}
+    for phase in (*PHASES, "other"):
+        mine = getattr(me, f"{phase}_ms")
+        theirs = [getattr(p, f"{phase}_ms") for i, p in enumerate(paces) if i != index]
+        theirs = [t for t in theirs if t is not None]
+        if mine is not None and theirs:
+            out[phase] = mine - median(theirs)
+    return out
+
+
+def _cause(excess: dict[str, float], late: float) -> str:
+    """The phase whose excess explains at least half the lateness; else 'unexplained'."""
+    if not excess:
+        return "unexplained"
+    phase, extra = max(excess.items(), key=lambda item: item[1])
+    return phase if extra >= 0.5 * late else "unexplained"
+
+
+def _cause_words(check: StragglerCheck) -> str:
+    if check.cause == "unexplained":
+        return (
+            ", for a reason outside its measured phases (time between steps: the loop's own code, "
+            "logging, host scheduling)"
+        )
+    cause = check.cause or ""
+    if cause == "cpu":
+        return (
+            f" because its training thread waits {check.cpu_wait_excess_ms:.1f} ms a step longer than the "
+            "others' for a CPU core (its own threads or loader workers outnumber its cores)"
+        )
+    me = next(p for p in check.ranks if p.rank == check.straggler)
+    others = [getattr(p, f"{cause}_ms") for p in check.ranks if p.rank != check.straggler]
+    others = [o for o in others if o is not None]
+    theirs = f" against {median(others):.1f} ms on the other ranks" if others else ""
+    return f" because its {PHASE_WORDS[cause]} takes {getattr(me, f'{cause}_ms'):.1f} ms a step{theirs}"
+
+
+def _sign_test(positive: int, n: int) -> float:
+    """One-sided P(X >= positive) for X ~ Binomial(n, 1/2): a rank as often latest as chance allows."""
+    if n == 0:
+        return 1.0
+    if n > 1000:  # 2**n overflows a float: the normal approximation is exact enough there
+        return 0.5 * math.erfc((positive - 0.5 - n / 2) / math.sqrt(n / 4) / math.sqrt(2))
+    return sum(math.comb(n, k) for k in range(positive, n + 1)) / 2.0**n
+
+
+def _block_medians(values: list[float]) -> list[float]:
+    size = max(1, len(values) // BLOCKS)
+    blocks = [values[i * size : (i + 1) * size] for i in range(BLOCKS - 1)]
+    blocks.append(values[(BLOCKS - 1) * size :])
+    return [median(b) for b in blocks if b]

@@ -1,0 +1,111 @@
+"""How long a rank waits for the others at a step's synchronizations, seen from its own process.
+
+A data-parallel rank's backward ends when the gradient all-reduce (DDP) completes, and that
+cannot complete before the last rank has computed its last gradient. So the time from this
+rank's last gradient being ready to its backward returning is time spent waiting for the other
+ranks (plus the last bucket's transfer itself): what a late rank costs everyone else. The rank
+that waits least is the one that arrived last — read without comparing clocks across ranks or
+hosts. The stamps come from post-accumulate-grad hooks and never synchronize: `perf_counter`
+on CPU, one CUDA event per step (re-recorded by each hook, so it ends at the last gradient) on
+GPU, resolved after the fact. Parameters whose gradients autograd never accumulates itself
+(FSDP2's sharded parameters, compiled autograd) fire no hook: the wait is then not measured.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+def stamp(device: torch.device, event: Any = None) -> Any:
+    """Now, in the device's order: a float on CPU; a recorded CUDA event (`event`, re-recorded, or a new one)."""
+    if device.type != "cuda":
+        return time.perf_counter()
+    event = event if event is not None else torch.cuda.Event(enable_timing=True)
+    event.record(torch.cuda.current_stream(device))
+    return event
+
+
+def elapsed_ms(start: Any, end: Any) -> float:
+    """Milliseconds between two stamps (CUDA events must have completed)."""
+    if isinstance(start, float):
+        return (end - start) * 1000.0
+    return float(start.elapsed_time(end))
+
+
+def stamp_done(value: Any) -> bool:
+    """Whether a stamp can be read without waiting (a float always; an event once the GPU passed it)."""
+    return isinstance(value, float) or bool(value.query())
+
+
+class GradReady:
+    """Stamps when this step's last gradient was accumulated; `take()` hands it over and starts afresh."""
+
+    def __init__(self, parameters: Iterable[torch.nn.Parameter], device: torch.device) -> None:
+        self.device = device
+        self._ready: Any = None
+        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in parameters if p.requires_grad]
+
+    def _on_grad(self, _: torch.Tensor) -> None:
+        self._ready = stamp(self.device, self._ready)
+
+    def take(self) -> Any:
+        """The last gradient's stamp since the previous `take()` (None when no hook fired)."""
+        ready, self._ready = self._ready, None
+        return ready
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+class SyncWaits:
+    """Per step, this rank's time waiting at synchronizations: the gradient sync (from its last
+    gradient to backward's return) and any blocking collective run through `timed`."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.device = device
+        self._grads = GradReady(model.parameters(), device)
+        self._step: list[tuple[str, Any, Any]] = []
+        self._steps: list[list[tuple[str, Any, Any]] | None] = []
+        self._measured = False
+
+    def backward_returned(self) -> None:
+        """Backward is done (DDP waited for its last all-reduce inside it)."""
+        ready = self._grads.take()
+        if ready is not None:
+            self._measured = True
+            self._step.append(("gradient", ready, stamp(self.device)))
+
+    def timed(self, collective: Callable[[], T]) -> T:
+        """Run a blocking collective, counting its time as waiting (all ranks leave it together)."""
+        before = stamp(self.device)
+        out = collective()
+        self._step.append(("collective", before, stamp(self.device)))
+        return out
+
+    def end_step(self) -> None:
+        self._steps.append(self._step if self._step else None)
+        self._step = []
+
+    def resolve(self, kind: str | None = None) -> list[float | None]:
+        """Each ended step's wait in ms (call after the device synchronized), all of it or one kind's
+        ('gradient', 'collective'); None where nothing was stamped."""
+        return [
+            None if stamps is None else sum(elapsed_ms(a, b) for k, a, b in stamps if kind in (None, k))
+            for stamps in self._steps
+        ]
+
+    @property
+    def gradient_sync_seen(self) -> bool:
+        """Whether any gradient hook fired: without it a slow backward cannot be told from waiting."""
+        return self._measured
+
+    def close(self) -> None:
+        self._grads.close()
