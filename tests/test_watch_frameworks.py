@@ -1,6 +1,6 @@
 """The Lightning and Hugging Face Trainer callbacks on tiny real models trained a few steps (the real
 libraries, no mocks): every step marked, the data wait of a dataset slowed on purpose seen, the
-loss kept, the run ended (with the error, for Lightning, when training fails)."""
+loss kept, the run ended (failed, with the error and its line, when training fails)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,8 @@ def test_lightning_callback_watches_a_fit(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="NaN"):
         fit(Tiny(fail_at=5), "lit-fails")
     failed, _ = the_run(tmp_path / "h.sqlite", "lit-fails")
-    assert failed.status == "ended" and "loss went NaN" in failed.message and failed.last_step == 5
+    assert failed.status == "failed" and "RuntimeError: loss went NaN at step 5" in failed.message
+    assert "test_watch_frameworks.py" in failed.message and failed.last_step == 5, failed.message
 
 
 def test_hugging_face_trainer_callback_watches_training(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from workbench.store.watched import WatchedRun, watch_steps, watched_runs
 from workbench.textfmt import format_bytes, format_ms
 from workbench.ui.bokeh_view import BokehView, load_bokehjs
 from workbench.ui.charts import GPU_COLORS
-from workbench.watch.job import job_of
+from workbench.watch.job import WatchedJob, job_of
 from workbench.watch.requests import profile_job
 
 _MIB = float(2**20)
@@ -193,10 +193,18 @@ def _newest_launch(runs: list[WatchedRun]) -> list[WatchedRun]:
 
 
 def _ranks_line(runs: list[WatchedRun]) -> str:
-    """For a torchrun job: the straggler and the skew (or that the ranks keep pace)."""
+    """For a torchrun job: its state (the rank that failed first, and how), the straggler and the skew
+    (or that the ranks keep pace)."""
     if not runs or runs[0].job is None:
         return ""
     job = job_of(runs)
+    state = f" — {html.escape(job.status)}"
+    if job.failure:
+        state = f" — <b>failed: {html.escape(job.failure.splitlines()[0])}</b>"
+    return state + _pace(job)
+
+
+def _pace(job: WatchedJob) -> str:
     if job.straggler is None:
         pace = f"ranks keep pace (skew {job.skew:.0%} of a step)" if job.skew is not None else " ".join(job.notes)
         return f" — {html.escape(pace)}"

@@ -1,4 +1,10 @@
-"""A multi-process watched job read as one: each rank's steady figures, the rank skew and the straggler.
+"""A multi-process watched job read as one: its state, each rank's steady figures, the rank skew and the straggler.
+
+The job has failed when any rank failed (raised, or was stopped by a signal) or was killed; the
+rank named is the first to fail by the distributed trial's rule (`workbench.distributed.failures`):
+a rank that only echoes another's death (a gloo "connection closed by peer", torchrun's SIGTERM to
+the survivors) is never the root cause while a rank failed in a way of its own, and a rank killed
+outright, which cannot say when, comes after those that could.
 
 In a data-parallel step the ranks meet in backward (DDP's all-reduce, FSDP's reduce-scatter):
 a rank still waiting for its batch or running its forward when the others arrive makes them all
@@ -15,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.analysis.ranks import STRAGGLER_SKEW
+from workbench.distributed.failures import RankFailure, consequence_of, explain_failures
 from workbench.store import DEFAULT_STORE, StoreArg, opened_store
 from workbench.store.watched import WatchedRun, watched_runs
 from workbench.textfmt import format_ms
@@ -29,6 +36,9 @@ class RankFigures:
     step_ms: float | None
     data_ms: float | None
     forward_ms: float | None
+    message: str = ""
+    failure: dict[str, Any] | None = None
+    """How this rank failed or was killed (`RankFailure` fields), None while it runs or when it ended well."""
 
     @property
     def before_collective_ms(self) -> float | None:
@@ -51,14 +61,46 @@ class WatchedJob:
     """(slowest - fastest) time before the collective, over the median step time."""
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def status(self) -> str:
+        """'failed' when any rank failed or was killed, else 'running' while any rank runs, else 'ended'."""
+        if any(r.failure is not None for r in self.ranks):
+            return "failed"
+        return "running" if any(r.status == "running" for r in self.ranks) else "ended"
+
+    @property
+    def first_failed(self) -> RankFailure | None:
+        """The rank that failed first (the root cause, not its echoes), None when none failed."""
+        failures = self._failures()
+        return explain_failures(failures)[0] if failures else None
+
+    @property
+    def failure(self) -> str | None:
+        """The failed job's story in the distributed trial's words: "rank 1 failed first: ...", then the others."""
+        failures = self._failures()
+        return explain_failures(failures)[1] if failures else None
+
     def to_dict(self) -> dict[str, Any]:
-        return {"job": self.job, "name": self.name, "world_size": self.world_size, "straggler": self.straggler,
-                "skew": self.skew, "notes": list(self.notes),
-                "ranks": [{**vars(r), "before_collective_ms": r.before_collective_ms} for r in self.ranks]}  # fmt: skip
+        first = self.first_failed
+        return {
+            "job": self.job,
+            "name": self.name,
+            "world_size": self.world_size,
+            "status": self.status,
+            "first_failed_rank": first.rank if first is not None else None,
+            "failure": self.failure,
+            "straggler": self.straggler,
+            "skew": self.skew,
+            "notes": list(self.notes),
+            "ranks": [{**vars(r), "before_collective_ms": r.before_collective_ms} for r in self.ranks],
+        }
 
     def describe(self) -> str:
-        """A few lines: the straggler (or that the ranks keep pace), then one line per rank."""
-        lines = [f"{self.name}: {len(self.ranks)} of {self.world_size or '?'} rank(s) watched ({self.job})"]
+        """A few lines: the job's state (which rank failed first, and how), the straggler (or that the
+        ranks keep pace), then one line per rank."""
+        watched = f"{len(self.ranks)} of {self.world_size or '?'} rank(s) watched"
+        lines = [f"{self.name}: {self.status}, {watched} ({self.job})"]
+        lines += (self.failure or "").splitlines()
         if self.straggler is not None:
             slow = next(r for r in self.ranks if r.rank == self.straggler)
             lines.append(f"straggler: rank {slow.rank}, {self.skew:.0%} of a step later to the collective than the "
@@ -68,6 +110,12 @@ class WatchedJob:
             lines.append(f"  rank {r.rank}: step {ms(r.step_ms)}, data wait {ms(r.data_ms)}, forward "
                          f"{ms(r.forward_ms)}, last step {r.last_step} ({r.status})")  # fmt: skip
         return "\n".join(lines)
+
+    def _failures(self) -> list[RankFailure]:
+        failures = [RankFailure.from_dict({**r.failure, "rank": r.rank}) for r in self.ranks if r.failure is not None]
+        for f in failures:  # a gloo/NCCL error that only echoes another rank's death is not a cause of its own
+            f.consequence = consequence_of(f.exception or "") if f.how == "exception" else None
+        return failures
 
 
 def watched_job(job_or_name: str, store: StoreArg = DEFAULT_STORE) -> WatchedJob:
@@ -97,7 +145,21 @@ def job_of(runs: list[WatchedRun]) -> WatchedJob:
 def _figures(run: WatchedRun) -> RankFigures:
     s = run.summary
     return RankFigures(int(run.rank or 0), run.run_id, run.status, run.last_step, s.get("steady_median_ms"),
-                       s.get("steady_data_ms"), s.get("steady_forward_ms"))  # fmt: skip
+                       s.get("steady_data_ms"), s.get("steady_forward_ms"), run.message, _failure(run))  # fmt: skip
+
+
+def _failure(run: WatchedRun) -> dict[str, Any] | None:
+    """A failed or killed rank as `RankFailure` fields: what its writer stored at its end, or for a rank
+    killed outright (nothing stored), that it stopped reporting, with no time of death to rank it by."""
+    where = {"pid": run.pid, "host": run.host}
+    if run.status == "failed":
+        stored = run.summary.get("failure")
+        if isinstance(stored, dict):
+            return {**stored, **where}
+        return {"how": "exception", "died_at": run.ended_at, "exception": run.message, **where}
+    if run.status == "killed":
+        return {"how": "hung", "died_at": None, "position": f"after step {run.last_step}", **where}
+    return None
 
 
 def _with_straggler(job: WatchedJob) -> WatchedJob:
