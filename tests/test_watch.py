@@ -121,7 +121,48 @@ def test_a_killed_job_keeps_its_rows_and_reads_as_killed(tmp_path: Path) -> None
         rows = watch_steps(store, run.run_id, recent=True)
     assert run.status == "running"  # its heartbeat is still fresh
     assert later.status == "killed" and later.last_step >= 30
+    assert f"stopped reporting after step {later.last_step}" in later.message, later.message
     assert rows[-1].first_step == later.last_step and len(rows) == later.last_step
+
+
+TERMINATED = """
+import sys, time
+import workbench as wb
+
+with wb.watch(name="terminated", store=sys.argv[1], flush_s=30) as w:  # no flush of its own before the signal
+    for step in range(1, 1_000_000):
+        time.sleep(0.01)
+        w.step(loss=1.0)
+        print(step, flush=True)
+"""
+
+
+def test_a_sigterm_stores_the_steps_so_far_marks_the_run_failed_and_still_kills(tmp_path: Path) -> None:
+    """SIGTERM is a request to stop from outside (a scheduler's preemption, torchrun after another rank
+    failed): the run did not finish, so it reads 'failed' (not 'ended', which `regress` would take
+    as a complete run), saying the signal; the process then dies of it as it would have unwatched."""
+    store_path = tmp_path / "h.sqlite"
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(TERMINATED))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, str(script), str(store_path)]
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True) as job:
+        try:
+            assert job.stdout is not None
+            printed = [int(job.stdout.readline()) for _ in range(20)]
+            job.send_signal(signal.SIGTERM)
+            printed += [int(line) for line in job.stdout.read().split()]
+            job.wait(20)
+        finally:
+            job.kill()
+    assert job.returncode == -signal.SIGTERM
+    with Store(store_path) as store:
+        (run,) = watched_runs(store)
+        rows = watch_steps(store, run.run_id, recent=True)
+    assert run.status == "failed" and run.message.startswith("killed by signal SIGTERM"), run
+    assert run.summary["failure"]["exitcode"] == -signal.SIGTERM
+    # every step the job took before the signal stored (it may take one more before the handler runs)
+    assert printed[-1] <= run.last_step <= printed[-1] + 1 and len(rows) == run.last_step
 
 
 def test_a_dead_store_never_raises_or_slows_the_loop(tmp_path: Path) -> None:
