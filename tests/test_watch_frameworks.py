@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -41,10 +42,10 @@ def the_run(store: Path, name: str):  # type: ignore[no-untyped-def]
         return run, watch_steps(db, run.run_id, recent=True)
 
 
-# Lightning 2.6 itself calls a torch pytree API that torch 2.13 deprecates; not ours to fix.
-@pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
-def test_lightning_callback_watches_a_fit(tmp_path: Path) -> None:
-    lightning = pytest.importorskip("lightning")
+def lightning_fit(store: Path, name: str, fail_at: int = -1, size: int = 64, **options: Any) -> Any:
+    """A tiny real Lightning fit over `SlowDataset`, watched; `options` go to the Trainer. Returns it."""
+    import lightning
+
     from workbench.watch.lightning import WatchCallback
 
     class Tiny(lightning.LightningModule):
@@ -65,14 +66,25 @@ def test_lightning_callback_watches_a_fit(tmp_path: Path) -> None:
         def configure_optimizers(self):  # type: ignore[no-untyped-def]
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
-    def fit(module: Tiny, name: str) -> None:
-        trainer = lightning.Trainer(max_steps=12, accelerator="cpu", logger=False, enable_checkpointing=False,
-                                    enable_progress_bar=False, enable_model_summary=False,
-                                    callbacks=[WatchCallback(name, store=tmp_path / "h.sqlite", warmup=2,
-                                                             flush_s=0.2)])  # fmt: skip
-        trainer.fit(module, torch.utils.data.DataLoader(SlowDataset(), batch_size=BATCH))
+    callback = WatchCallback(name, store=store, warmup=2, flush_s=0.2)
+    trainer = lightning.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+        **options,
+    )
+    trainer.fit(Tiny(fail_at), torch.utils.data.DataLoader(SlowDataset(size), batch_size=BATCH))
+    return trainer
 
-    fit(Tiny(), "lit")
+
+# Lightning 2.6 itself calls a torch pytree API that torch 2.13 deprecates; not ours to fix.
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
+def test_lightning_callback_watches_a_fit(tmp_path: Path) -> None:
+    pytest.importorskip("lightning")
+    lightning_fit(tmp_path / "h.sqlite", "lit", max_steps=12)
     run, rows = the_run(tmp_path / "h.sqlite", "lit")
     assert run.status == "ended" and not run.message and run.last_step == 12
     assert run.config["fail_at"] == -1, "the module's hparams are the job's configuration"
@@ -82,10 +94,24 @@ def test_lightning_callback_watches_a_fit(tmp_path: Path) -> None:
     assert rows[-1].forward_ms is not None, rows
 
     with pytest.raises(RuntimeError, match="NaN"):
-        fit(Tiny(fail_at=5), "lit-fails")
+        lightning_fit(tmp_path / "h.sqlite", "lit-fails", fail_at=5, max_steps=12)
     failed, _ = the_run(tmp_path / "h.sqlite", "lit-fails")
     assert failed.status == "failed" and "RuntimeError: loss went NaN at step 5" in failed.message
     assert "test_watch_frameworks.py" in failed.message and failed.last_step == 5, failed.message
+
+
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
+def test_lightning_gradient_accumulation_counts_optimizer_steps(tmp_path: Path) -> None:
+    """accumulate_grad_batches=2: two batches make one optimizer step, so one stored step whose data
+    wait is both batches' fetches (not two steps of one fetch each)."""
+    pytest.importorskip("lightning")
+    trainer = lightning_fit(tmp_path / "h.sqlite", "lit-acc", size=96, max_steps=10, accumulate_grad_batches=2)
+    run, rows = the_run(tmp_path / "h.sqlite", "lit-acc")
+    assert run.status == "ended" and run.last_step == 10 == trainer.global_step
+    assert [r.first_step for r in rows] == list(range(1, 11))
+    two_fetches = 2 * BATCH * SAMPLE_SLEEP_S * 1000
+    assert two_fetches * 0.8 <= run.summary["steady_data_ms"] <= two_fetches * 3, run.summary
+    assert all(r.loss is not None for r in rows), rows
 
 
 def test_hugging_face_trainer_callback_watches_training(tmp_path: Path) -> None:
