@@ -4,6 +4,10 @@ loss kept, the run ended (failed, with the error and its line, when training fai
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +18,7 @@ import torch
 from workbench.store import Store
 from workbench.store.watched import watch_steps, watched_runs
 
+ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_SLEEP_S = 0.01
 BATCH = 4
 
@@ -133,6 +138,62 @@ def test_hugging_face_trainer_callback_watches_training(tmp_path: Path) -> None:
     assert expected * 0.8 <= run.summary["steady_data_ms"] <= expected * 4, run.summary
     assert sum(r.loss is not None for r in rows) >= 5, "the logged losses (every 2 steps) are kept"
     assert rows[-1].forward_ms is not None and rows[-1].optimizer_ms is not None
+
+
+HF_CRASH = """
+import sys, torch, transformers
+from workbench.watch.hf import WatchCallback
+
+FAIL_AT = int(sys.argv[3])
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 1)
+        self.calls = 0
+
+    def forward(self, x, labels):
+        self.calls += 1
+        if self.calls == FAIL_AT:
+            raise RuntimeError(f"corrupt batch in forward {self.calls}")  # the line the run names
+        return {"loss": torch.nn.functional.mse_loss(self.layer(x).squeeze(-1), labels)}
+
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 256
+
+    def __getitem__(self, i):
+        return {"x": torch.randn(8), "labels": torch.tensor(float(i % 2))}
+
+
+args = transformers.TrainingArguments(output_dir=sys.argv[2], max_steps=40, per_device_train_batch_size=4,
+                                      logging_steps=1, report_to=[], use_cpu=True, save_strategy="no",
+                                      disable_tqdm=True, dataloader_num_workers=0)
+# flush_s=30: no flush of its own before the crash; what is stored is what the crash's flush wrote
+watch = WatchCallback("hf-crash", store=sys.argv[1], flush_s=30)
+transformers.Trainer(model=Tiny(), args=args, train_dataset=Data(), callbacks=[watch]).train()
+"""
+
+
+def test_hugging_face_trainer_that_crashes_keeps_every_step_and_reads_failed(tmp_path: Path) -> None:
+    """The Trainer has no callback for a crash: the exception ends the process unhandled, and the watch's
+    exception hook writes the steps run so far and the failure before Python prints the traceback."""
+    pytest.importorskip("transformers")
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(HF_CRASH))
+    fail_at = 9  # the 9th forward raises: steps 1-8 ran, step 9 never ends
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, str(script), str(tmp_path / "h.sqlite"), str(tmp_path / "out"), str(fail_at)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    assert done.returncode == 1 and "RuntimeError: corrupt batch in forward 9" in done.stderr, done.stderr[-3000:]
+    line = next(i for i, text in enumerate(textwrap.dedent(HF_CRASH).splitlines(), 1) if "corrupt batch" in text)
+
+    run, rows = the_run(tmp_path / "h.sqlite", "hf-crash")
+    assert run.status == "failed" and run.last_step == fail_at - 1, run
+    assert [r.first_step for r in rows] == list(range(1, fail_at)), rows
+    assert run.message == f"RuntimeError: corrupt batch in forward 9, at {script}:{line} in forward", run.message
 
 
 def test_an_optimizer_step_that_runs_forward_and_backward_itself_gets_no_negative_phase(tmp_path: Path) -> None:
