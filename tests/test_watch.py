@@ -245,6 +245,32 @@ def test_a_long_run_keeps_bounded_rows_in_memory_and_in_the_store(tmp_path: Path
     assert recent[-1].first_step == run.last_step == history.last_step
 
 
+def test_the_first_step_whose_loss_is_not_finite_is_recorded(tmp_path: Path, capsys) -> None:
+    """NaN at step 7, fine at 8, infinite from 15: the summary says 7, though the downsampled history
+    (buckets of 8 steps here) only knows that the bucket of steps 1-8 has no finite mean (SQLite
+    stores a NaN as NULL)."""
+    import torch
+
+    path = tmp_path / "h.sqlite"
+    with wb.watch(name="diverges", store=path, flush_s=0.05, max_rows=4, recent=4) as w:
+        for step in range(1, 21):
+            loss = float("nan") if step == 7 else float("inf") if step >= 15 else 1.0 / step
+            w.step(loss=torch.tensor(loss))
+    with Store(path) as store:
+        (run,) = watched_runs(store)
+        stored = watch_steps(store, run.run_id)
+    assert run.summary["first_nonfinite_loss_step"] == 7, run.summary
+    assert (stored[0].first_step, stored[0].steps, stored[0].loss) == (1, 8, None), stored
+    assert cli_main(["history", "--store", str(path)]) == 0
+    assert "non-finite loss from step 7" in capsys.readouterr().out
+
+    with wb.watch(name="fine", store=path, flush_s=0.05) as w:
+        for step in range(1, 6):
+            w.step(loss=torch.tensor(1.0 / step))
+    with Store(path) as store:
+        assert watched_runs(store, name="fine")[0].summary["first_nonfinite_loss_step"] is None
+
+
 def _sleepy_run(path: Path, name: str, sleep_s: float, steps: int = 40) -> None:
     with wb.watch(name=name, store=path, flush_s=0.1, warmup=3) as w:
         for _ in range(steps):

@@ -74,9 +74,15 @@ class WatchedRun:
     job: str | None = None
     """What every rank of one multi-process launch shares (None for a single-process job)."""
 
+    @property
+    def nonfinite_loss(self) -> str:
+        """'non-finite loss from step 7' when the loss went NaN or infinite (the first such step), else ''."""
+        step = self.summary.get("first_nonfinite_loss_step")
+        return f"non-finite loss from step {step}" if step is not None else ""
+
     def history_row(self) -> HistoryRow:
         """This run as a line of `workbench history` (kind 'watch'; trial id 'watch-<run id>')."""
-        message = self.message or f"last step {self.last_step}"
+        message = "; ".join(m for m in (self.nonfinite_loss, self.message) if m) or f"last step {self.last_step}"
         label = self.name if self.rank is None else f"{self.name} rank {self.rank}/{self.world_size}"
         return HistoryRow(
             id=self.run_id, run_id=self.run_id, kind="watch", label=label, trial_id=f"watch-{self.run_id}",

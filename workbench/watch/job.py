@@ -39,6 +39,7 @@ class RankFigures:
     message: str = ""
     failure: dict[str, Any] | None = None
     """How this rank failed or was killed (`RankFailure` fields), None while it runs or when it ended well."""
+    first_nonfinite_loss_step: int | None = None
 
     @property
     def before_collective_ms(self) -> float | None:
@@ -107,8 +108,10 @@ class WatchedJob:
                          f"fastest rank; its data wait is {ms(slow.data_ms)} a step")  # fmt: skip
         lines += self.notes
         for r in self.ranks:
+            nonfinite = r.first_nonfinite_loss_step
+            loss = f", non-finite loss from step {nonfinite}" if nonfinite is not None else ""
             lines.append(f"  rank {r.rank}: step {ms(r.step_ms)}, data wait {ms(r.data_ms)}, forward "
-                         f"{ms(r.forward_ms)}, last step {r.last_step} ({r.status})")  # fmt: skip
+                         f"{ms(r.forward_ms)}, last step {r.last_step} ({r.status}){loss}")  # fmt: skip
         return "\n".join(lines)
 
     def _failures(self) -> list[RankFailure]:
@@ -145,7 +148,8 @@ def job_of(runs: list[WatchedRun]) -> WatchedJob:
 def _figures(run: WatchedRun) -> RankFigures:
     s = run.summary
     return RankFigures(int(run.rank or 0), run.run_id, run.status, run.last_step, s.get("steady_median_ms"),
-                       s.get("steady_data_ms"), s.get("steady_forward_ms"), run.message, _failure(run))  # fmt: skip
+                       s.get("steady_data_ms"), s.get("steady_forward_ms"), run.message, _failure(run),
+                       s.get("first_nonfinite_loss_step"))  # fmt: skip
 
 
 def _failure(run: WatchedRun) -> dict[str, Any] | None:

@@ -11,6 +11,7 @@ stderr, and tried again at the next flush, on this thread only.
 from __future__ import annotations
 
 import collections
+import math
 import os
 import sys
 import threading
@@ -60,6 +61,7 @@ class Writer:
         self.run_id: int | None = None
         self.dropped_steps = 0
         self.dropped_writes = 0
+        self.first_nonfinite_loss_step: int | None = None
         self.last_error = ""
         self._store_arg = store
         self.profiler = profiler
@@ -172,7 +174,11 @@ class Writer:
                     return
                 record.end.synchronize()  # the job has left the loop: only this thread waits
             self._unresolved.popleft()
-            self.history.add(_resolve(record))
+            row = _resolve(record)
+            # Here, one step at a time: in the downsampled history a NaN spreads to its whole bucket.
+            if self.first_nonfinite_loss_step is None and row.loss is not None and not math.isfinite(row.loss):
+                self.first_nonfinite_loss_step = row.first_step
+            self.history.add(row)
 
     def _flush(self, store: Store | None, ended: str | None) -> None:
         if store is None:
@@ -180,6 +186,7 @@ class Writer:
         history, replaced, recent, recent_from = self.history.changes()
         summary = run_summary(self.history.rows(), self.warmup, self.history, self._window, self._energy_j,
                               self.dropped_steps, self.dropped_writes)  # fmt: skip
+        summary["first_nonfinite_loss_step"] = self.first_nonfinite_loss_step
         if ended is not None and self._failure is not None:
             summary["failure"] = self._failure  # how it failed, as fields: a job's reader names its first failed rank
         try:
