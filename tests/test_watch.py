@@ -165,6 +165,56 @@ def test_a_sigterm_stores_the_steps_so_far_marks_the_run_failed_and_still_kills(
     assert printed[-1] <= run.last_step <= printed[-1] + 1 and len(rows) == run.last_step
 
 
+def test_a_sigterm_the_job_handles_itself_is_theirs_after_the_steps_so_far_are_stored(tmp_path: Path) -> None:
+    """A handler of the user's (Lightning's graceful stop, a checkpoint-on-preemption) runs after the flush,
+    and the run goes on; leaving the watch puts their handler back."""
+    path = tmp_path / "h.sqlite"
+    seen: list[int] = []
+
+    def theirs(signum: int, frame: object) -> None:
+        seen.append(signum)
+
+    before = signal.signal(signal.SIGTERM, theirs)
+    try:
+        with wb.watch(name="handled", store=path, flush_s=30) as w:
+            for _ in range(5):
+                w.step()
+            os.kill(os.getpid(), signal.SIGTERM)  # handled in this (the main) thread before the next line
+            with Store(path) as store:
+                (run,) = watched_runs(store)
+            assert seen == [signal.SIGTERM] and (run.status, run.last_step) == ("running", 5), run
+            w.step()
+        assert signal.getsignal(signal.SIGTERM) is theirs
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    with Store(path) as store:
+        (run,) = watched_runs(store)
+    assert (run.status, run.message, run.last_step) == ("ended", "", 6)
+
+
+# The thread's exception reaches pytest's own hook too, after ours: that warning is the point here.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_training_thread_that_dies_inside_an_open_watch_fails_its_run(tmp_path: Path) -> None:
+    import threading
+
+    path = tmp_path / "h.sqlite"
+
+    def train() -> None:
+        w = wb.watch(name="in-a-thread", store=path, flush_s=30)
+        w.__enter__()  # never left: the exception below ends the thread with the watch open
+        for _ in range(4):
+            w.step()
+        raise ValueError("bad shard")
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    thread.join(10)
+    with Store(path) as store:
+        (run,) = watched_runs(store)
+    assert (run.status, run.last_step) == ("failed", 4) and run.message.startswith("ValueError: bad shard, at "), run
+    assert "test_watch.py" in run.message and "in train" in run.message, run.message
+
+
 def test_a_dead_store_never_raises_or_slows_the_loop(tmp_path: Path) -> None:
     body = """
     import sys, time
