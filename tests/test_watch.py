@@ -121,7 +121,98 @@ def test_a_killed_job_keeps_its_rows_and_reads_as_killed(tmp_path: Path) -> None
         rows = watch_steps(store, run.run_id, recent=True)
     assert run.status == "running"  # its heartbeat is still fresh
     assert later.status == "killed" and later.last_step >= 30
+    assert f"stopped reporting after step {later.last_step}" in later.message, later.message
     assert rows[-1].first_step == later.last_step and len(rows) == later.last_step
+
+
+TERMINATED = """
+import sys, time
+import workbench as wb
+
+with wb.watch(name="terminated", store=sys.argv[1], flush_s=30) as w:  # no flush of its own before the signal
+    for step in range(1, 1_000_000):
+        time.sleep(0.01)
+        w.step(loss=1.0)
+        print(step, flush=True)
+"""
+
+
+def test_a_sigterm_stores_the_steps_so_far_marks_the_run_failed_and_still_kills(tmp_path: Path) -> None:
+    """SIGTERM is a request to stop from outside (a scheduler's preemption, torchrun after another rank
+    failed): the run did not finish, so it reads 'failed' (not 'ended', which `regress` would take
+    as a complete run), saying the signal; the process then dies of it as it would have unwatched."""
+    store_path = tmp_path / "h.sqlite"
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(TERMINATED))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, str(script), str(store_path)]
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True) as job:
+        try:
+            assert job.stdout is not None
+            printed = [int(job.stdout.readline()) for _ in range(20)]
+            job.send_signal(signal.SIGTERM)
+            printed += [int(line) for line in job.stdout.read().split()]
+            job.wait(20)
+        finally:
+            job.kill()
+    assert job.returncode == -signal.SIGTERM
+    with Store(store_path) as store:
+        (run,) = watched_runs(store)
+        rows = watch_steps(store, run.run_id, recent=True)
+    assert run.status == "failed" and run.message.startswith("killed by signal SIGTERM"), run
+    assert run.summary["failure"]["exitcode"] == -signal.SIGTERM
+    # every step the job took before the signal stored (it may take one more before the handler runs)
+    assert printed[-1] <= run.last_step <= printed[-1] + 1 and len(rows) == run.last_step
+
+
+def test_a_sigterm_the_job_handles_itself_is_theirs_after_the_steps_so_far_are_stored(tmp_path: Path) -> None:
+    """A handler of the user's (Lightning's graceful stop, a checkpoint-on-preemption) runs after the flush,
+    and the run goes on; leaving the watch puts their handler back."""
+    path = tmp_path / "h.sqlite"
+    seen: list[int] = []
+
+    def theirs(signum: int, frame: object) -> None:
+        seen.append(signum)
+
+    before = signal.signal(signal.SIGTERM, theirs)
+    try:
+        with wb.watch(name="handled", store=path, flush_s=30) as w:
+            for _ in range(5):
+                w.step()
+            os.kill(os.getpid(), signal.SIGTERM)  # handled in this (the main) thread before the next line
+            with Store(path) as store:
+                (run,) = watched_runs(store)
+            assert seen == [signal.SIGTERM] and (run.status, run.last_step) == ("running", 5), run
+            w.step()
+        assert signal.getsignal(signal.SIGTERM) is theirs
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    with Store(path) as store:
+        (run,) = watched_runs(store)
+    assert (run.status, run.message, run.last_step) == ("ended", "", 6)
+
+
+# The thread's exception reaches pytest's own hook too, after ours: that warning is the point here.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_training_thread_that_dies_inside_an_open_watch_fails_its_run(tmp_path: Path) -> None:
+    import threading
+
+    path = tmp_path / "h.sqlite"
+
+    def train() -> None:
+        w = wb.watch(name="in-a-thread", store=path, flush_s=30)
+        w.__enter__()  # never left: the exception below ends the thread with the watch open
+        for _ in range(4):
+            w.step()
+        raise ValueError("bad shard")
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    thread.join(10)
+    with Store(path) as store:
+        (run,) = watched_runs(store)
+    assert (run.status, run.last_step) == ("failed", 4) and run.message.startswith("ValueError: bad shard, at "), run
+    assert "test_watch.py" in run.message and "in train" in run.message, run.message
 
 
 def test_a_dead_store_never_raises_or_slows_the_loop(tmp_path: Path) -> None:
@@ -202,6 +293,32 @@ def test_a_long_run_keeps_bounded_rows_in_memory_and_in_the_store(tmp_path: Path
     assert len(stored) <= 64 and len(recent) == 32
     # Steps keep their numbers in the loop, dropped or not: the last one stored is the last one received.
     assert recent[-1].first_step == run.last_step == history.last_step
+
+
+def test_the_first_step_whose_loss_is_not_finite_is_recorded(tmp_path: Path, capsys) -> None:
+    """NaN at step 7, fine at 8, infinite from 15: the summary says 7, though the downsampled history
+    (buckets of 8 steps here) only knows that the bucket of steps 1-8 has no finite mean (SQLite
+    stores a NaN as NULL)."""
+    import torch
+
+    path = tmp_path / "h.sqlite"
+    with wb.watch(name="diverges", store=path, flush_s=0.05, max_rows=4, recent=4) as w:
+        for step in range(1, 21):
+            loss = float("nan") if step == 7 else float("inf") if step >= 15 else 1.0 / step
+            w.step(loss=torch.tensor(loss))
+    with Store(path) as store:
+        (run,) = watched_runs(store)
+        stored = watch_steps(store, run.run_id)
+    assert run.summary["first_nonfinite_loss_step"] == 7, run.summary
+    assert (stored[0].first_step, stored[0].steps, stored[0].loss) == (1, 8, None), stored
+    assert cli_main(["history", "--store", str(path)]) == 0
+    assert "non-finite loss from step 7" in capsys.readouterr().out
+
+    with wb.watch(name="fine", store=path, flush_s=0.05) as w:
+        for step in range(1, 6):
+            w.step(loss=torch.tensor(1.0 / step))
+    with Store(path) as store:
+        assert watched_runs(store, name="fine")[0].summary["first_nonfinite_loss_step"] is None
 
 
 def _sleepy_run(path: Path, name: str, sleep_s: float, steps: int = 40) -> None:

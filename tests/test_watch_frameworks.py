@@ -1,11 +1,16 @@
 """The Lightning and Hugging Face Trainer callbacks on tiny real models trained a few steps (the real
 libraries, no mocks): every step marked, the data wait of a dataset slowed on purpose seen, the
-loss kept, the run ended (with the error, for Lightning, when training fails)."""
+loss kept, the run ended (failed, with the error and its line, when training fails)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -13,6 +18,7 @@ import torch
 from workbench.store import Store
 from workbench.store.watched import watch_steps, watched_runs
 
+ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_SLEEP_S = 0.01
 BATCH = 4
 
@@ -41,10 +47,10 @@ def the_run(store: Path, name: str):  # type: ignore[no-untyped-def]
         return run, watch_steps(db, run.run_id, recent=True)
 
 
-# Lightning 2.6 itself calls a torch pytree API that torch 2.13 deprecates; not ours to fix.
-@pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
-def test_lightning_callback_watches_a_fit(tmp_path: Path) -> None:
-    lightning = pytest.importorskip("lightning")
+def lightning_fit(store: Path, name: str, fail_at: int = -1, size: int = 64, **options: Any) -> Any:
+    """A tiny real Lightning fit over `SlowDataset`, watched; `options` go to the Trainer. Returns it."""
+    import lightning
+
     from workbench.watch.lightning import WatchCallback
 
     class Tiny(lightning.LightningModule):
@@ -65,14 +71,25 @@ def test_lightning_callback_watches_a_fit(tmp_path: Path) -> None:
         def configure_optimizers(self):  # type: ignore[no-untyped-def]
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
-    def fit(module: Tiny, name: str) -> None:
-        trainer = lightning.Trainer(max_steps=12, accelerator="cpu", logger=False, enable_checkpointing=False,
-                                    enable_progress_bar=False, enable_model_summary=False,
-                                    callbacks=[WatchCallback(name, store=tmp_path / "h.sqlite", warmup=2,
-                                                             flush_s=0.2)])  # fmt: skip
-        trainer.fit(module, torch.utils.data.DataLoader(SlowDataset(), batch_size=BATCH))
+    callback = WatchCallback(name, store=store, warmup=2, flush_s=0.2)
+    trainer = lightning.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+        **options,
+    )
+    trainer.fit(Tiny(fail_at), torch.utils.data.DataLoader(SlowDataset(size), batch_size=BATCH))
+    return trainer
 
-    fit(Tiny(), "lit")
+
+# Lightning 2.6 itself calls a torch pytree API that torch 2.13 deprecates; not ours to fix.
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
+def test_lightning_callback_watches_a_fit(tmp_path: Path) -> None:
+    pytest.importorskip("lightning")
+    lightning_fit(tmp_path / "h.sqlite", "lit", max_steps=12)
     run, rows = the_run(tmp_path / "h.sqlite", "lit")
     assert run.status == "ended" and not run.message and run.last_step == 12
     assert run.config["fail_at"] == -1, "the module's hparams are the job's configuration"
@@ -82,9 +99,24 @@ def test_lightning_callback_watches_a_fit(tmp_path: Path) -> None:
     assert rows[-1].forward_ms is not None, rows
 
     with pytest.raises(RuntimeError, match="NaN"):
-        fit(Tiny(fail_at=5), "lit-fails")
+        lightning_fit(tmp_path / "h.sqlite", "lit-fails", fail_at=5, max_steps=12)
     failed, _ = the_run(tmp_path / "h.sqlite", "lit-fails")
-    assert failed.status == "ended" and "loss went NaN" in failed.message and failed.last_step == 5
+    assert failed.status == "failed" and "RuntimeError: loss went NaN at step 5" in failed.message
+    assert "test_watch_frameworks.py" in failed.message and failed.last_step == 5, failed.message
+
+
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
+def test_lightning_gradient_accumulation_counts_optimizer_steps(tmp_path: Path) -> None:
+    """accumulate_grad_batches=2: two batches make one optimizer step, so one stored step whose data
+    wait is both batches' fetches (not two steps of one fetch each)."""
+    pytest.importorskip("lightning")
+    trainer = lightning_fit(tmp_path / "h.sqlite", "lit-acc", size=96, max_steps=10, accumulate_grad_batches=2)
+    run, rows = the_run(tmp_path / "h.sqlite", "lit-acc")
+    assert run.status == "ended" and run.last_step == 10 == trainer.global_step
+    assert [r.first_step for r in rows] == list(range(1, 11))
+    two_fetches = 2 * BATCH * SAMPLE_SLEEP_S * 1000
+    assert two_fetches * 0.8 <= run.summary["steady_data_ms"] <= two_fetches * 3, run.summary
+    assert all(r.loss is not None for r in rows), rows
 
 
 def test_hugging_face_trainer_callback_watches_training(tmp_path: Path) -> None:
@@ -106,6 +138,62 @@ def test_hugging_face_trainer_callback_watches_training(tmp_path: Path) -> None:
     assert expected * 0.8 <= run.summary["steady_data_ms"] <= expected * 4, run.summary
     assert sum(r.loss is not None for r in rows) >= 5, "the logged losses (every 2 steps) are kept"
     assert rows[-1].forward_ms is not None and rows[-1].optimizer_ms is not None
+
+
+HF_CRASH = """
+import sys, torch, transformers
+from workbench.watch.hf import WatchCallback
+
+FAIL_AT = int(sys.argv[3])
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 1)
+        self.calls = 0
+
+    def forward(self, x, labels):
+        self.calls += 1
+        if self.calls == FAIL_AT:
+            raise RuntimeError(f"corrupt batch in forward {self.calls}")  # the line the run names
+        return {"loss": torch.nn.functional.mse_loss(self.layer(x).squeeze(-1), labels)}
+
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 256
+
+    def __getitem__(self, i):
+        return {"x": torch.randn(8), "labels": torch.tensor(float(i % 2))}
+
+
+args = transformers.TrainingArguments(output_dir=sys.argv[2], max_steps=40, per_device_train_batch_size=4,
+                                      logging_steps=1, report_to=[], use_cpu=True, save_strategy="no",
+                                      disable_tqdm=True, dataloader_num_workers=0)
+# flush_s=30: no flush of its own before the crash; what is stored is what the crash's flush wrote
+watch = WatchCallback("hf-crash", store=sys.argv[1], flush_s=30)
+transformers.Trainer(model=Tiny(), args=args, train_dataset=Data(), callbacks=[watch]).train()
+"""
+
+
+def test_hugging_face_trainer_that_crashes_keeps_every_step_and_reads_failed(tmp_path: Path) -> None:
+    """The Trainer has no callback for a crash: the exception ends the process unhandled, and the watch's
+    exception hook writes the steps run so far and the failure before Python prints the traceback."""
+    pytest.importorskip("transformers")
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(HF_CRASH))
+    fail_at = 9  # the 9th forward raises: steps 1-8 ran, step 9 never ends
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, str(script), str(tmp_path / "h.sqlite"), str(tmp_path / "out"), str(fail_at)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    assert done.returncode == 1 and "RuntimeError: corrupt batch in forward 9" in done.stderr, done.stderr[-3000:]
+    line = next(i for i, text in enumerate(textwrap.dedent(HF_CRASH).splitlines(), 1) if "corrupt batch" in text)
+
+    run, rows = the_run(tmp_path / "h.sqlite", "hf-crash")
+    assert run.status == "failed" and run.last_step == fail_at - 1, run
+    assert [r.first_step for r in rows] == list(range(1, fail_at)), rows
+    assert run.message == f"RuntimeError: corrupt batch in forward 9, at {script}:{line} in forward", run.message
 
 
 def test_an_optimizer_step_that_runs_forward_and_backward_itself_gets_no_negative_phase(tmp_path: Path) -> None:

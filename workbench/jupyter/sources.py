@@ -151,6 +151,7 @@ def list_watched(limit: int) -> dict[str, Any]:
             "rank": run.rank, "world_size": run.world_size, "job": run.job, "host": run.host,
             "started_at": run.started_at, "heartbeat_at": run.heartbeat_at, "last_step": run.last_step,
             "steady_median_ms": run.summary.get("steady_median_ms"),
+            "first_nonfinite_loss_step": run.summary.get("first_nonfinite_loss_step"),
             "step": None if step is None else {"step": step.first_step, "wall_time": step.wall_time,
                                                "step_ms": step.step_ms, "data_ms": step.data_ms,
                                                "peak_memory_bytes": step.peak_memory_bytes, "loss": step.loss},

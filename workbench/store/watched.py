@@ -2,9 +2,11 @@
 
 The writer (`workbench.watch`) calls `start_watch_run` once, then `flush_watch_run` now and
 then with its running figures, each one transaction; `watched_runs`/`watched_run` read them.
-A process killed outright never writes its end: a run still 'running' whose heartbeat is
-older than `STALE_AFTER_S` and whose process is gone (or, on another host, whose heartbeat
-is older than `OTHER_HOST_STALE_S`) reads as 'killed' with its last stored step.
+A job that raises, or is stopped by a signal, writes its end as 'failed' with how (the
+exception and its line, or the signal) in its message and summary. A process killed outright
+never writes its end: a run still 'running' whose heartbeat is older than `STALE_AFTER_S` and
+whose process is gone (or, on another host, whose heartbeat is older than `OTHER_HOST_STALE_S`)
+reads as 'killed' with its last stored step, its message saying when it stopped reporting.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class StepRow:
 
 @dataclass(frozen=True)
 class WatchedRun:
-    """A watched run as read now; `status` is 'running', 'ended' or 'killed' (decided on read)."""
+    """A watched run as read now; `status` is 'running', 'ended', 'failed' or 'killed' (decided on read)."""
 
     run_id: int
     name: str
@@ -76,9 +78,15 @@ class WatchedRun:
     job: str | None = None
     """What every rank of one multi-process launch shares (None for a single-process job)."""
 
+    @property
+    def nonfinite_loss(self) -> str:
+        """'non-finite loss from step 7' when the loss went NaN or infinite (the first such step), else ''."""
+        step = self.summary.get("first_nonfinite_loss_step")
+        return f"non-finite loss from step {step}" if step is not None else ""
+
     def history_row(self) -> HistoryRow:
         """This run as a line of `workbench history` (kind 'watch'; trial id 'watch-<run id>')."""
-        message = self.message or f"last step {self.last_step}"
+        message = "; ".join(m for m in (self.nonfinite_loss, self.message) if m) or f"last step {self.last_step}"
         label = self.name if self.rank is None else f"{self.name} rank {self.rank}/{self.world_size}"
         return HistoryRow(
             id=self.run_id, run_id=self.run_id, kind="watch", label=label, trial_id=f"watch-{self.run_id}",
@@ -120,12 +128,13 @@ def flush_watch_run(
     recent: Sequence[StepRow],
     recent_from: int,
     ended: str | None = None,
+    failed: bool = False,
 ) -> None:
     """One transaction: new (or, after a downsampling, all) history rows, the recent rows, the heartbeat.
 
     Recent rows before `recent_from` are deleted: the store holds the recent window in
     full and the whole run downsampled, both bounded. `ended` (a message, '' for a clean
-    end) marks the run ended.
+    end) marks the run ended, or failed when `failed`.
     """
     now = time.time()
     with store._write() as conn:
@@ -143,9 +152,9 @@ def flush_watch_run(
             )
         else:
             conn.execute(
-                "UPDATE watch_runs SET heartbeat_at = ?, last_step = ?, summary = ?, status = 'ended', message = ?, "
+                "UPDATE watch_runs SET heartbeat_at = ?, last_step = ?, summary = ?, status = ?, message = ?, "
                 "ended_at = ? WHERE run_id = ?",
-                (now, last_step, _dumps(summary), ended, now, run_id),
+                (now, last_step, _dumps(summary), "failed" if failed else "ended", ended, now, run_id),
             )
 
 
@@ -232,16 +241,23 @@ def _upsert(conn: Any, run_id: int, recent: int, rows: Sequence[StepRow]) -> Non
 
 
 def _watched(row: Any, now: float | None) -> WatchedRun:
+    status = decide_status(row["status"], row["host"], row["pid"], row["pid_started_at"], row["heartbeat_at"], now)
+    message = row["message"]
+    if status == "killed" and not message:  # nothing was written at its end: say what is known instead
+        why = "its process is gone" if row["host"] == platform.node() else "its host has said nothing since"
+        message = f"stopped reporting after step {row['last_step']} at {_clock(row['heartbeat_at'])}; {why}"
     return WatchedRun(
-        run_id=row["run_id"], name=row["name"],
-        status=decide_status(row["status"], row["host"], row["pid"], row["pid_started_at"], row["heartbeat_at"],
-                              now),
-        message=row["message"], host=row["host"], pid=row["pid"], started_at=row["started_at"],
+        run_id=row["run_id"], name=row["name"], status=status, message=message, host=row["host"], pid=row["pid"],
+        started_at=row["started_at"],
         heartbeat_at=row["heartbeat_at"], ended_at=row["ended_at"], last_step=row["last_step"], warmup=row["warmup"],
         device_name=row["device_name"], commit=row["git_commit"], dirty=bool(row["git_dirty"]), env_key=row["env_key"],
         environment=json.loads(row["environment"]), config=json.loads(row["config"]),
         summary=json.loads(row["summary"] or "{}"), rank=row["rank"], world_size=row["world_size"], job=row["job"],
     )  # fmt: skip
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
 
 
 def _process_started(pid: int) -> float | None:

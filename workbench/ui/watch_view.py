@@ -193,15 +193,19 @@ def _newest_launch(runs: list[WatchedRun]) -> list[WatchedRun]:
 
 
 def _ranks_line(runs: list[WatchedRun], rows: dict[int, list[Any]]) -> str:
-    """For a torchrun job: the straggler with its cause, a busy host, or why no rank is named."""
+    """For a torchrun job: its state (the rank that failed first, and how), then the straggler with its
+    cause, a busy host, or why no rank is named."""
     if not runs or runs[0].job is None:
         return ""
     job = job_of(runs, rows)
+    state = f" — {html.escape(job.status)}"
+    if job.failure:
+        state = f" — <b>failed: {html.escape(job.failure.splitlines()[0])}</b>"
     pace = html.escape(job.pace())
     if job.straggler is not None:
         head, _, rest = pace.partition(" — ")
-        return f" — <b>{head}</b> — {rest}"
-    return f" — {pace}"
+        return f"{state} — <b>{head}</b> — {rest}"
+    return f"{state} — {pace}"
 
 
 def _label(run: WatchedRun) -> str:
@@ -210,7 +214,8 @@ def _label(run: WatchedRun) -> str:
 
 def _row(run: WatchedRun) -> str:
     s, window = run.summary, run.summary.get("window") or {}
-    cells = [_label(run), run.status + (f": {run.message}" if run.message else ""), str(run.last_step),
+    state = "; ".join(m for m in (run.message, run.nonfinite_loss) if m)
+    cells = [_label(run), run.status + (f": {state}" if state else ""), str(run.last_step),
              _ms(s.get("steady_median_ms")), _ms(s.get("steady_data_ms")), format_bytes(s.get("peak_memory_bytes")),
              _pct(window.get("cpu_pct")), _pct(window.get("gpu_util_pct"))]  # fmt: skip
     return "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"

@@ -6,8 +6,9 @@ ends at `on_step_end`, and the Trainer fetches the next step's batches between t
 `on_step_begin`: the data wait. Evaluation and checkpoint saves are no training step: the clock
 restarts after them. The loss is the one the Trainer logs (every `logging_steps`), given to the
 step after it is logged. `transformers` is an optional dependency: only importing this module
-needs it. A crash inside the Trainer has no callback: the run then reads as killed, with its
-last stored step, once its writer falls silent.
+needs it. A crash inside the Trainer has no callback: the exception leaves `train()` with the watch
+still open, and the watch's own exception hook (`workbench.watch.ending`) writes every step run so
+far and marks the run failed with the exception before the process ends.
 """
 
 from __future__ import annotations

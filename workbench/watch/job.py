@@ -1,4 +1,10 @@
-"""A multi-process watched job read as one: each rank's steady figures and the straggler, with its cause.
+"""A multi-process watched job read as one: its state, each rank's steady figures and the straggler, with its cause.
+
+The job has failed when any rank failed (raised, or was stopped by a signal) or was killed; the
+rank named is the first to fail by the distributed trial's rule (`workbench.distributed.failures`):
+a rank that only echoes another's death (a gloo "connection closed by peer", torchrun's SIGTERM to
+the survivors) is never the root cause while a rank failed in a way of its own, and a rank killed
+outright, which cannot say when, comes after those that could.
 
 Each rank's watch sees, per step, its data wait, forward, backward and optimizer time and how long
 it waited between its last gradient and its optimizer step — in a data-parallel job, waiting in
@@ -16,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.analysis.stragglers import PHASE_WORDS, PHASES, HostLoad, RankSteps, StragglerCheck, check_stragglers
+from workbench.distributed.failures import RankFailure, consequence_of, explain_failures
 from workbench.store import DEFAULT_STORE, StoreArg, opened_store
 from workbench.store.core import Store
 from workbench.store.watched import StepRow, WatchedRun, watch_steps, watched_runs
@@ -31,6 +38,10 @@ class RankFigures:
     step_ms: float | None
     data_ms: float | None
     forward_ms: float | None
+    message: str = ""
+    failure: dict[str, Any] | None = None
+    """How this rank failed or was killed (`RankFailure` fields), None while it runs or when it ended well."""
+    first_nonfinite_loss_step: int | None = None
 
     @property
     def before_collective_ms(self) -> float | None:
@@ -55,11 +66,34 @@ class WatchedJob:
     """The straggler rule's verdict with its evidence (None until two ranks have steady steps)."""
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def status(self) -> str:
+        """'failed' when any rank failed or was killed, else 'running' while any rank runs, else 'ended'."""
+        if any(r.failure is not None for r in self.ranks):
+            return "failed"
+        return "running" if any(r.status == "running" for r in self.ranks) else "ended"
+
+    @property
+    def first_failed(self) -> RankFailure | None:
+        """The rank that failed first (the root cause, not its echoes), None when none failed."""
+        failures = self._failures()
+        return explain_failures(failures)[0] if failures else None
+
+    @property
+    def failure(self) -> str | None:
+        """The failed job's story in the distributed trial's words: "rank 1 failed first: ...", then the others."""
+        failures = self._failures()
+        return explain_failures(failures)[1] if failures else None
+
     def to_dict(self) -> dict[str, Any]:
+        first = self.first_failed
         return {
             "job": self.job,
             "name": self.name,
             "world_size": self.world_size,
+            "status": self.status,
+            "first_failed_rank": first.rank if first is not None else None,
+            "failure": self.failure,
             "straggler": self.straggler,
             "skew": self.skew,
             "notes": list(self.notes),
@@ -72,17 +106,28 @@ class WatchedJob:
         return _pace_line(self.check) or " ".join(self.notes)
 
     def describe(self) -> str:
-        """A few lines: the straggler (or that the ranks keep pace), then one line per rank."""
-        lines = [f"{self.name}: {len(self.ranks)} of {self.world_size or '?'} rank(s) watched ({self.job})"]
+        """A few lines: the job's state (which rank failed first, and how), the straggler with its cause (or
+        why none is named), then one line per rank."""
+        watched = f"{len(self.ranks)} of {self.world_size or '?'} rank(s) watched"
+        lines = [f"{self.name}: {self.status}, {watched} ({self.job})"]
+        lines += (self.failure or "").splitlines()
         if self.check is not None:
             lines.append(self.pace())
         lines += self.notes
         for r in self.ranks:
+            nonfinite = r.first_nonfinite_loss_step
+            loss = f", non-finite loss from step {nonfinite}" if nonfinite is not None else ""
             lines.append(
                 f"  rank {r.rank}: step {ms(r.step_ms)}, data wait {ms(r.data_ms)}, forward "
-                f"{ms(r.forward_ms)}, last step {r.last_step} ({r.status})"
+                f"{ms(r.forward_ms)}, last step {r.last_step} ({r.status}){loss}"
             )
         return "\n".join(lines)
+
+    def _failures(self) -> list[RankFailure]:
+        failures = [RankFailure.from_dict({**r.failure, "rank": r.rank}) for r in self.ranks if r.failure is not None]
+        for f in failures:  # a gloo/NCCL error that only echoes another rank's death is not a cause of its own
+            f.consequence = consequence_of(f.exception or "") if f.how == "exception" else None
+        return failures
 
 
 def _pace_line(check: StragglerCheck | None) -> str:
@@ -171,15 +216,23 @@ def _host_loads(runs: list[WatchedRun]) -> list[HostLoad]:
 
 def _figures(run: WatchedRun) -> RankFigures:
     s = run.summary
-    return RankFigures(
-        int(run.rank or 0),
-        run.run_id,
-        run.status,
-        run.last_step,
-        s.get("steady_median_ms"),
-        s.get("steady_data_ms"),
-        s.get("steady_forward_ms"),
-    )
+    return RankFigures(int(run.rank or 0), run.run_id, run.status, run.last_step, s.get("steady_median_ms"),
+                       s.get("steady_data_ms"), s.get("steady_forward_ms"), run.message, _failure(run),
+                       s.get("first_nonfinite_loss_step"))  # fmt: skip
+
+
+def _failure(run: WatchedRun) -> dict[str, Any] | None:
+    """A failed or killed rank as `RankFailure` fields: what its writer stored at its end, or for a rank
+    killed outright (nothing stored), that it stopped reporting, with no time of death to rank it by."""
+    where = {"pid": run.pid, "host": run.host}
+    if run.status == "failed":
+        stored = run.summary.get("failure")
+        if isinstance(stored, dict):
+            return {**stored, **where}
+        return {"how": "exception", "died_at": run.ended_at, "exception": run.message, **where}
+    if run.status == "killed":
+        return {"how": "hung", "died_at": None, "position": f"after step {run.last_step}", **where}
+    return None
 
 
 def ms(value: float | None) -> str:

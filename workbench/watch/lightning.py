@@ -1,9 +1,11 @@
 """`WatchCallback` for Lightning: `Trainer(callbacks=[WatchCallback(name="bev-r50")])` watches the fit
 as `wb.watch` watches a plain loop.
 
-Lightning owns the loop, so the callback marks the steps from its hooks: a step ends at
-`on_train_batch_end` (with the loss the module returned), and the time from there to the next
-`on_train_batch_start` is when Lightning fetches the next batch: the data wait. A validation pass
+Lightning owns the loop, so the callback marks the steps from its hooks: a step ends at the
+`on_train_batch_end` after which `trainer.global_step` has advanced (with the loss the module
+returned), and the time from a batch's end to the next `on_train_batch_start` is when Lightning
+fetches the next batch: the data wait. With `accumulate_grad_batches=N` one optimizer step takes
+N batches: it is one step, its data wait the sum of their N fetches. A validation pass
 between batches is no training step: the clock restarts after it. The run ends at
 `on_train_end`, or with the error at `on_exception`. Lightning is an optional dependency: only
 importing this module needs it.
@@ -37,6 +39,7 @@ class WatchCallback(Callback):  # type: ignore[misc]
         self.name, self.config, self.store, self.options = name, config, store, options
         self.watch: Watch | None = None
         self._batch_ended: float | None = None
+        self._marked_step = 0  # trainer.global_step at the last step marked
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         config = self.config if self.config is not None else dict(getattr(pl_module, "hparams", {}) or {})
@@ -44,6 +47,7 @@ class WatchCallback(Callback):  # type: ignore[misc]
         # so its step hooks would not bound the phases; the forward is timed by the module's hooks.
         self.watch = Watch(pl_module, None, name=self.name, config=config, store=self.store, **self.options)
         self.watch.__enter__()
+        self._marked_step = trainer.global_step  # a resumed fit starts from its checkpoint's step
         self._batch_ended = time.perf_counter()
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
@@ -53,8 +57,10 @@ class WatchCallback(Callback):  # type: ignore[misc]
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.watch is None:
             return
-        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-        self.watch.step(loss=loss)
+        if trainer.global_step != self._marked_step:  # else a micro-batch: its fetch adds to the step's data wait
+            self._marked_step = trainer.global_step
+            loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+            self.watch.step(loss=loss)
         self._batch_ended = time.perf_counter()
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:

@@ -24,10 +24,19 @@ from workbench.measure.schedstat import run_queue_s
 from workbench.measure.syncwait import GradReady
 from workbench.store import DEFAULT_STORE, StoreArg
 from workbench.store.watch_profiles import MAX_STEPS
+from workbench.watch.ending import (
+    EXITED_OPEN,
+    PROCESS_END_TIMEOUT_S,
+    Failure,
+    ProcessGuard,
+    exception_failure,
+    failure_message,
+    is_clean_exit,
+)
 from workbench.watch.profiling import WatchProfile, WindowProfiler
 from workbench.watch.writer import RawStep, Writer
 
-#: How long leaving the context waits for the last flush (the run is then marked ended).
+#: How long leaving the context waits for the last flush (the run is then marked ended or failed).
 CLOSE_TIMEOUT_S = 5.0
 _active: Watch | None = None
 
@@ -63,6 +72,7 @@ class Watch:
                               profiler=self._profiler)  # fmt: skip
         self.steps = 0
         self._state = "new"  # new -> active -> closed; 'inert' for a watch nested in another
+        self._guard: ProcessGuard | None = None
         self._warned: set[str] = set()
         self._hooks: list[Any] = []
         self._user_steps = False
@@ -120,24 +130,17 @@ class Watch:
         self._writer.start()
         self._state = "active"
         self._start = self._stamp()
+        self._guard = ProcessGuard(self._process_ends, lambda: self._writer.flush_now(PROCESS_END_TIMEOUT_S))
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        global _active
         if self._state != "active":
             return
-        self._state = "closed"
-        _active = None
-        for handle in self._hooks:
-            handle.remove()
-        if self._grads is not None:
-            self._grads.close()
-        self._profiler.abandon()
         if self.steps == 0:
             self._warn("no-step", f"wb.watch('{self.name}') saw no step: call w.step() once per training step, "
                                   "or pass the optimizer (its step() then marks each step)")  # fmt: skip
-        ended = "" if exc_type is None else f"{exc_type.__name__}: {exc}"[:500]
-        self._writer.close(ended, CLOSE_TIMEOUT_S)
+        failure = None if is_clean_exit(exc_type, exc) else exception_failure(exc_type, exc, tb)
+        self._close(failure, "", CLOSE_TIMEOUT_S)
 
     def batches(self, iterable: Iterable[Any]) -> Iterator[Any]:
         """The items of `iterable`, timing how long the loop waits for each (the data wait)."""
@@ -181,6 +184,27 @@ class Watch:
         self._mark(loss)
 
     # --- inside -------------------------------------------------------------------
+
+    def _close(self, failure: Failure | None, message: str, timeout_s: float) -> None:
+        """Stop watching and write the run's end: failed with `failure`, or ended with `message`."""
+        global _active
+        self._state = "closed"
+        _active = None
+        for handle in self._hooks:
+            handle.remove()
+        if self._grads is not None:
+            self._grads.close()
+        self._profiler.abandon()
+        self._writer.close(failure_message(failure) if failure else message, timeout_s, failure)
+        if self._guard is not None:
+            self._guard.release()
+
+    def _process_ends(self, failure: Failure | None) -> None:
+        """The process is ending (an unhandled exception, a SIGTERM, its exit) with this watch open."""
+        if self._state == "active":
+            self._close(failure, EXITED_OPEN, PROCESS_END_TIMEOUT_S)
+        else:  # already closing (a SIGTERM while leaving the block): let that last write finish
+            self._writer.wait(PROCESS_END_TIMEOUT_S)
 
     def _mark(self, loss: Any) -> None:
         end = self._stamp()

@@ -1,4 +1,8 @@
-"""A watched run's running summary (written with every flush) and the device monitor's window figures."""
+"""A watched run's running summary (written with every flush) and the device monitor's window figures.
+
+The writer adds to it what only it can know, one resolved step at a time: `first_nonfinite_loss_step`
+(the first step whose loss was NaN or infinite, None while none was), and at a failed end, `failure`.
+"""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ stderr, and tried again at the next flush, on this thread only.
 from __future__ import annotations
 
 import collections
+import math
 import os
 import sys
 import threading
@@ -66,6 +67,7 @@ class Writer:
         self.run_id: int | None = None
         self.dropped_steps = 0
         self.dropped_writes = 0
+        self.first_nonfinite_loss_step: int | None = None
         self.last_error = ""
         self._store_arg = store
         self.profiler = profiler
@@ -74,7 +76,11 @@ class Writer:
         self._pending: collections.deque[RawStep] = collections.deque()
         self._unresolved: collections.deque[RawStep] = collections.deque()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by close() and flush_now(): the next flush is now, not in flush_s
+        self._flushed = threading.Condition()
+        self._asked = self._answered = 0  # flush_now() tickets: asked, and answered by a flush begun after
         self._ended: str | None = None
+        self._failure: dict[str, Any] | None = None
         self._warned = False
         self._window: dict[str, Any] = {}
         self._energy_j: float | None = None
@@ -96,11 +102,27 @@ class Writer:
         """A finished profiled window, reduced and stored on this thread."""
         self._windows.append(window)
 
-    def close(self, ended: str, timeout_s: float) -> None:
-        """Ask for the last flush (marking the run ended) and wait for it at most `timeout_s`."""
+    def close(self, ended: str, timeout_s: float, failure: dict[str, Any] | None = None) -> None:
+        """Ask for the last flush (marking the run ended, or failed when `failure` says how) and wait
+        for it at most `timeout_s`."""
+        self._failure = failure
         self._ended = ended
         self._stop.set()
-        self._thread.join(timeout_s)
+        self._wake.set()
+        self.wait(timeout_s)
+
+    def flush_now(self, timeout_s: float) -> None:
+        """Write what has been handed over so far, now, and wait for it at most `timeout_s` (the run goes on)."""
+        with self._flushed:
+            self._asked += 1
+            ticket = self._asked
+            self._wake.set()
+            self._flushed.wait_for(lambda: self._answered >= ticket or not self._thread.is_alive(), timeout_s)
+
+    def wait(self, timeout_s: float) -> None:
+        """Wait at most `timeout_s` for the thread to finish its last flush (asked for by `close`)."""
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
 
     # --- the thread ---------------------------------------------------------------
 
@@ -110,7 +132,11 @@ class Writer:
         store: Store | None = None
         try:
             while True:
-                stopping = self._stop.wait(self.flush_s)
+                self._wake.wait(self.flush_s)
+                self._wake.clear()
+                stopping = self._stop.is_set()
+                with self._flushed:
+                    asked = self._asked  # steps offered before these tickets are in the drain below
                 self._drain(final=stopping)
                 if monitor is not None:
                     window = window_utilization(monitor.samples(since=self._window.get("end")))
@@ -121,6 +147,9 @@ class Writer:
                     store = self._open()
                 self._flush(store, ended=self._ended if stopping else None)
                 self._profile_windows(store, final=stopping)
+                with self._flushed:
+                    self._answered = asked
+                    self._flushed.notify_all()
                 if stopping:
                     return
         finally:
@@ -158,7 +187,11 @@ class Writer:
             if record.run_queue_s is not None and self._run_queue_s is not None:
                 cpu_wait = (record.run_queue_s - self._run_queue_s) * 1000.0
             self._run_queue_s = record.run_queue_s
-            self.history.add(_resolve(record, cpu_wait))
+            row = _resolve(record, cpu_wait)
+            # Here, one step at a time: in the downsampled history a NaN spreads to its whole bucket.
+            if self.first_nonfinite_loss_step is None and row.loss is not None and not math.isfinite(row.loss):
+                self.first_nonfinite_loss_step = row.first_step
+            self.history.add(row)
 
     def _flush(self, store: Store | None, ended: str | None) -> None:
         if store is None:
@@ -167,6 +200,9 @@ class Writer:
         summary = run_summary(self.history.rows(), self.warmup, self.history, self._window, self._energy_j,
                               self.dropped_steps, self.dropped_writes)  # fmt: skip
         summary["host_cpu"] = self._host_cpu.figures() if self._host_cpu is not None else None
+        summary["first_nonfinite_loss_step"] = self.first_nonfinite_loss_step
+        if ended is not None and self._failure is not None:
+            summary["failure"] = self._failure  # how it failed, as fields: a job's reader names its first failed rank
         try:
             if self.run_id is None:
                 environment = environment_fingerprint(self.device)
@@ -175,7 +211,8 @@ class Writer:
                                               warmup=self.warmup, pid=os.getpid(), rank=ranks.rank,
                                               world_size=ranks.world_size, job=ranks.job)  # fmt: skip
             flush_watch_run(store, self.run_id, last_step=self.history.last_step, summary=summary, history=history,
-                            replace_history=replaced, recent=recent, recent_from=recent_from, ended=ended)  # fmt: skip
+                            replace_history=replaced, recent=recent, recent_from=recent_from, ended=ended,
+                            failed=self._failure is not None)  # fmt: skip
         except Exception as exc:
             self.dropped_writes += 1
             self.history.changes_lost()
