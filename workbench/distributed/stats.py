@@ -93,7 +93,17 @@ def _rank_row(item: dict[str, Any]) -> dict[str, Any]:
     profile = item.get("profile") or {}
     for key in ("step_ms", "compute_ms", "comm_ms", "overlap_ms", "exposed_comm_ms", "hidden_share"):
         row[key] = profile.get(key)
+    # The timed window's medians: where this rank's step goes, and how long it waits for the others.
+    for phase, values in (item.get("phase_ms") or {}).items():
+        row[f"median_{phase}_ms"] = _median(values)
+    row["median_sync_wait_ms"] = _median(item.get("sync_wait_ms"))
+    row["median_cpu_wait_ms"] = _median(item.get("cpu_wait_ms"))
     return row
+
+
+def _median(values: list[float | None] | None) -> float | None:
+    kept = [v for v in values or [] if v is not None]
+    return median(kept) if kept else None
 
 
 def _skews(rows: list[dict[str, Any]]) -> dict[str, Any]:

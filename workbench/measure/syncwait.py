@@ -44,25 +44,52 @@ def stamp_done(value: Any) -> bool:
 
 
 class GradReady:
-    """Stamps when this step's last gradient was accumulated; `take()` hands it over and starts afresh."""
+    """Stamps when this step's last gradient was accumulated and when its backward ended.
+
+    The end is stamped by an autograd-engine final callback queued from a callback: callbacks run
+    in the order queued, and DDP queues the one that waits for its all-reduces (FSDP2 its root
+    post-backward) during backward, so a callback queued while callbacks run comes after them all.
+    `take()` hands both over and starts afresh.
+    """
 
     def __init__(self, parameters: Iterable[torch.nn.Parameter], device: torch.device) -> None:
         self.device = device
         self._ready: Any = None
+        self._ended: Any = None
+        self._queued = False
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in parameters if p.requires_grad]
 
     def _on_grad(self, _: torch.Tensor) -> None:
         self._ready = stamp(self.device, self._ready)
+        if not self._queued:
+            self._queued = _queue_callback(self._queue_end)
 
-    def take(self) -> Any:
-        """The last gradient's stamp since the previous `take()` (None when no hook fired)."""
-        ready, self._ready = self._ready, None
-        return ready
+    def _queue_end(self) -> None:
+        _queue_callback(self._on_backward_end)  # queued now, it runs after every callback queued so far
+
+    def _on_backward_end(self) -> None:
+        self._ended = stamp(self.device)
+        self._queued = False
+
+    def take(self) -> tuple[Any, Any]:
+        """(last gradient, backward's end) since the previous `take()`; None for what was not seen."""
+        taken = (self._ready, self._ended)
+        self._ready = self._ended = None
+        return taken
 
     def close(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+
+def _queue_callback(callback: Callable[[], None]) -> bool:
+    """Run `callback` when the current backward pass finishes; False where the engine cannot."""
+    try:
+        torch.autograd.Variable._execution_engine.queue_callback(callback)  # type: ignore[attr-defined]
+        return True
+    except Exception:  # no backward running, or an engine without final callbacks: the end is not seen
+        return False
 
 
 class SyncWaits:
@@ -78,10 +105,10 @@ class SyncWaits:
 
     def backward_returned(self) -> None:
         """Backward is done (DDP waited for its last all-reduce inside it)."""
-        ready = self._grads.take()
+        ready, ended = self._grads.take()
         if ready is not None:
             self._measured = True
-            self._step.append(("gradient", ready, stamp(self.device)))
+            self._step.append(("gradient", ready, ended if ended is not None else stamp(self.device)))
 
     def timed(self, collective: Callable[[], T]) -> T:
         """Run a blocking collective, counting its time as waiting (all ranks leave it together)."""

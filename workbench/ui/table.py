@@ -216,11 +216,21 @@ def render_ranks(result: TrialResult | None) -> str:
     def ms(value: float | None) -> str:
         return "n/a" if value is None else f"{value:.1f}"
 
+    columns = [
+        ("median step ms", "median_step_ms"),
+        ("data ms", "median_data_ms"),
+        ("forward ms", "median_forward_ms"),
+        ("backward ms", "median_backward_ms"),
+        ("optimizer ms", "median_optimizer_ms"),
+        ("waits for others ms", "median_sync_wait_ms"),
+        ("compute ms", "compute_ms"),
+        ("exposed comm ms", "exposed_comm_ms"),
+    ]
     body = "".join(
         f"<tr><td>{row['rank']}</td><td>{html.escape(str(row.get('host', '')))}</td>"
-        f"<td>{ms(row.get('median_step_ms'))}</td><td>{ms(row.get('compute_ms'))}</td>"
-        f"<td>{ms(row.get('comm_ms'))}</td><td>{ms(row.get('exposed_comm_ms'))}</td></tr>"
+        + "".join(f"<td>{ms(row.get(key))}</td>" for _, key in columns)
+        + "</tr>"
         for row in rows
     )
-    head = "<tr><th>rank</th><th>host</th><th>median step ms</th><th>compute ms</th><th>comm ms</th><th>exposed comm ms</th></tr>"
+    head = "<tr><th>rank</th><th>host</th>" + "".join(f"<th>{name}</th>" for name, _ in columns) + "</tr>"
     return f"<b>Per rank — {html.escape(result.workload if result else '')}</b><table>{head}{body}</table>"

@@ -21,7 +21,15 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.analysis.stragglers import PHASE_WORDS, PHASES, HostLoad, RankSteps, StragglerCheck, check_stragglers
+from workbench.analysis.stragglers import (
+    PHASE_WORDS,
+    PHASES,
+    HostLoad,
+    RankPace,
+    RankSteps,
+    StragglerCheck,
+    check_stragglers,
+)
 from workbench.distributed.failures import RankFailure, consequence_of, explain_failures
 from workbench.store import DEFAULT_STORE, StoreArg, opened_store
 from workbench.store.core import Store
@@ -114,12 +122,13 @@ class WatchedJob:
         if self.check is not None:
             lines.append(self.pace())
         lines += self.notes
+        paces = {p.rank: p for p in self.check.ranks} if self.check is not None else {}
         for r in self.ranks:
             nonfinite = r.first_nonfinite_loss_step
             loss = f", non-finite loss from step {nonfinite}" if nonfinite is not None else ""
             lines.append(
                 f"  rank {r.rank}: step {ms(r.step_ms)}, data wait {ms(r.data_ms)}, forward "
-                f"{ms(r.forward_ms)}, last step {r.last_step} ({r.status}){loss}"
+                f"{ms(r.forward_ms)}{_timeline(paces.get(r.rank))}, last step {r.last_step} ({r.status}){loss}"
             )
         return "\n".join(lines)
 
@@ -128,6 +137,16 @@ class WatchedJob:
         for f in failures:  # a gloo/NCCL error that only echoes another rank's death is not a cause of its own
             f.consequence = consequence_of(f.exception or "") if f.how == "exception" else None
         return failures
+
+
+def _timeline(pace: RankPace | None) -> str:
+    """The rest of a rank's step from the straggler rule's medians: backward compute, optimizer, waiting."""
+    if pace is None:
+        return ""
+    return (
+        f", backward {ms(pace.backward_ms)}, optimizer {ms(pace.optimizer_ms)}, waits {ms(pace.wait_ms)} at the "
+        f"synchronization, arrives {ms(pace.late_ms)} after the first"
+    )
 
 
 def _pace_line(check: StragglerCheck | None) -> str:

@@ -81,7 +81,7 @@ class Watch:
         self._forward: list[Any] = [None, None]
         self._optimizer: list[Any] = [None, None]
         self._grads: GradReady | None = None
-        self._grad_ready: Any = None
+        self._grad_sync: tuple[Any, Any] | None = None
 
     # --- what the user calls --------------------------------------------------------
 
@@ -214,12 +214,13 @@ class Watch:
         peak = int(torch.cuda.max_memory_allocated(self.device)) if self._cuda else None
         forward = (self._forward[0], self._forward[1]) if self._forward[1] is not None else None
         optimizer = (self._optimizer[0], self._optimizer[1]) if self._optimizer[1] is not None else None
-        grad_ready = self._grad_ready if optimizer is not None else None
+        if self._grads is not None and self._grad_sync is None:  # no optimizer hook took them
+            self._grad_sync = self._grads.take()
         raw = RawStep(self.steps, time.time(), self._start, end, self._data_s, forward, optimizer, loss, peak)
-        raw.grad_ready, raw.run_queue_s = grad_ready, run_queue_s()
+        raw.grad_sync, raw.run_queue_s = self._grad_sync, run_queue_s()
         self._writer.offer(raw)
         self._start, self._data_s = end, 0.0
-        self._forward, self._optimizer, self._grad_ready = [None, None], [None, None], None
+        self._forward, self._optimizer, self._grad_sync = [None, None], [None, None], None
         window = self._profiler.after_step(self.steps)
         if window is not None:
             self._writer.offer_profile(window)
@@ -235,10 +236,11 @@ class Watch:
         if self.model is not None:
             self._hooks.append(self.model.register_forward_pre_hook(self._forward_begins))
             self._hooks.append(self.model.register_forward_hook(self._forward_ends))
+        if self.model is not None:
+            # From the last gradient to backward's end, a data-parallel rank waits for the others in the
+            # gradient all-reduce (the rank that waits least is the one they all wait for).
+            self._grads = GradReady(self.model.parameters(), self.device)
         if self.optimizer is not None:
-            # The last gradient's time: from there to the optimizer step, a data-parallel rank waits for
-            # the others in the gradient all-reduce (the rank that waits least is the one they wait for).
-            self._grads = GradReady(self.model.parameters(), self.device) if self.model is not None else None
             self._hooks.append(self.optimizer.register_step_pre_hook(self._optimizer_begins))
             self._hooks.append(self.optimizer.register_step_post_hook(self._optimizer_ends))
 
@@ -254,7 +256,7 @@ class Watch:
     def _optimizer_begins(self, *_: Any) -> None:
         self._optimizer[0] = self._stamp()
         if self._grads is not None:
-            self._grad_ready = self._grads.take()
+            self._grad_sync = self._grads.take()
         self._profiler.open_range("optimizer")
 
     def _optimizer_ends(self, *_: Any) -> None:

@@ -48,8 +48,8 @@ class RawStep:
     optimizer: tuple[Any, Any] | None
     loss: Any
     peak_memory_bytes: int | None
-    grad_ready: Any = None
-    """When the step's last gradient was accumulated (None without the optimizer's hooks)."""
+    grad_sync: tuple[Any, Any] | None = None
+    """(last gradient accumulated, backward's end) stamps; either None when not seen."""
     run_queue_s: float | None = None
     """The training thread's run-queue total at the step's end (a running count, in s)."""
 
@@ -278,8 +278,11 @@ def _resolve(r: RawStep, cpu_wait_ms: float | None = None) -> StepRow:
             backward = elapsed_ms(r.forward[1], r.optimizer[0])
     if r.optimizer is not None:
         optimizer = elapsed_ms(*r.optimizer)
-    if r.grad_ready is not None and r.optimizer is not None:
-        sync_wait = max(0.0, elapsed_ms(r.grad_ready, r.optimizer[0]))
+    ready, ended = r.grad_sync or (None, None)
+    if ended is None and r.optimizer is not None:  # the optimizer step stands in for backward's end
+        ended = r.optimizer[0]
+    if ready is not None and ended is not None:
+        sync_wait = max(0.0, elapsed_ms(ready, ended))
     if backward is not None and backward < 0:
         # The optimizer step began before the forward ended: it runs the forward and backward inside
         # (a closure, as Lightning's loop does), so its time holds them and backward has no edge.
