@@ -36,9 +36,9 @@ class _SlowBackward(torch.autograd.Function):
 
 
 class FaultyNet(nn.Module):
-    def __init__(self, phase: str, rank: int, delay_s: float) -> None:
+    def __init__(self, phase: str, rank: int, delay_s: float, width: int = 256) -> None:
         super().__init__()
-        self.first, self.second = nn.Linear(64, 256), nn.Linear(256, 1)
+        self.first, self.second = nn.Linear(64, width), nn.Linear(width, 1)
         self.forward_delay = delay_s if phase == "forward" and _slowed(rank) else 0.0
         self.backward_delay = delay_s if phase == "backward" and _slowed(rank) else 0.0
 
@@ -51,15 +51,17 @@ class FaultyNet(nn.Module):
         return self.second(hidden)
 
 
-def straggler_workload(phase: str | None, rank: int = 1, delay_s: float = 0.03) -> Workload:
-    """`phase` None: no fault anywhere (the no-straggler truth)."""
+def straggler_workload(
+    phase: str | None, rank: int = 1, delay_s: float = 0.03, width: int = 256, batch_size: int = 12
+) -> Workload:
+    """`phase` None: no fault anywhere (the no-straggler truth); `width` and `batch_size` set the step's size."""
     if phase is not None and phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES} or None, got {phase!r}")
 
     def model_fn() -> nn.Module:
         if phase == "optimizer" and _slowed(rank):
             register_optimizer_step_pre_hook(lambda *_: time.sleep(delay_s))  # every optimizer of this rank
-        return FaultyNet(str(phase), rank, delay_s)
+        return FaultyNet(str(phase), rank, delay_s, width)
 
     def batch_fn(n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         if phase == "data" and _slowed(rank):
@@ -70,6 +72,6 @@ def straggler_workload(phase: str | None, rank: int = 1, delay_s: float = 0.03) 
         model_fn=model_fn,
         batch_fn=batch_fn,
         loss_fn=lambda out, batch: nn.functional.mse_loss(out, batch[1]),
-        batch_size=12,
+        batch_size=batch_size,
         name=f"faulty-{phase or 'none'}",
     )

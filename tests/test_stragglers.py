@@ -17,10 +17,20 @@ STEP_MS, COMM_MS, NOISE_MS = 100.0, 2.0, 3.0
 BASE = {"data": 5.0, "forward": 30.0, "backward": 45.0, "optimizer": 10.0}
 
 
-def simulate(world: int, steps: int, rng: random.Random, slow: int | None = None, phase: str = "data",
-             delay_ms: float = 0.0, cpu_wait_ms: float = 0.0) -> list[RankSteps]:  # fmt: skip
-    """Ranks whose phases carry independent noise; `slow` spends `delay_ms` more in `phase`."""
-    per_rank: list[dict[str, list[float]]] = [{k: [] for k in (*BASE, "step", "wait", "cpu")} for _ in range(world)]
+def simulate(
+    world: int,
+    steps: int,
+    rng: random.Random,
+    slow: int | None = None,
+    phase: str = "data",
+    delay_ms: float = 0.0,
+    how: str = "asleep",
+) -> list[RankSteps]:
+    """Ranks whose phases carry independent noise; `slow` spends `delay_ms` more in `phase`, `how`:
+    'asleep' (off its core: a sleep, a slow read), 'computing' (on its core longer) or 'starved'
+    (runnable, waiting for a core). Forward, backward compute and optimizer run on the core."""
+    fields = (*BASE, "step", "wait", "cpu", "cpu_wait")
+    per_rank: list[dict[str, list[float]]] = [{k: [] for k in fields} for _ in range(world)]
     for _ in range(steps):
         own = []
         for r in range(world):
@@ -37,7 +47,11 @@ def simulate(world: int, steps: int, rng: random.Random, slow: int | None = None
                 row[k].append(v + (wait if k == "backward" else 0.0))  # the wait sits inside backward
             row["step"].append(sum(phases.values()) + wait)
             row["wait"].append(wait)
-            row["cpu"].append(cpu_wait_ms if r == slow else 0.1)
+            on_core = phases["forward"] + phases["backward"] + phases["optimizer"]
+            if r == slow and how != "computing" and phase != "data":
+                on_core -= delay_ms  # the delay was not spent on the core
+            row["cpu"].append(on_core)
+            row["cpu_wait"].append(0.1 + (delay_ms if r == slow and how == "starved" else 0.0))
     return [
         RankSteps(
             r,
@@ -45,7 +59,8 @@ def simulate(world: int, steps: int, rng: random.Random, slow: int | None = None
             row["step"],
             {k: list(row[k]) for k in BASE},
             list(row["wait"]),
-            cpu_wait_ms=list(row["cpu"]),
+            cpu_ms=list(row["cpu"]),
+            cpu_wait_ms=list(row["cpu_wait"]),
         )
         for r, row in enumerate(per_rank)
     ]
@@ -85,17 +100,24 @@ def test_a_consistent_but_tiny_lateness_is_never_a_straggler() -> None:
 
 def test_a_busy_host_is_reported_instead_of_the_rank_its_contention_slowed() -> None:
     rng = random.Random(2)
-    starved = simulate(2, 20, rng, slow=1, phase="forward", delay_ms=15.0, cpu_wait_ms=14.0)
     busy = HostLoad(busy_cores=2.0, ranks_cores=1.0, cores=2)
-    check = check_stragglers(starved, [busy])
-    assert check is not None and check.straggler is None and check.contention == busy
-    # a sleeping rank (a slow read) did not wait for a core: it is named even on the busy host
-    sleeping = simulate(2, 20, rng, slow=1, phase="data", delay_ms=15.0, cpu_wait_ms=0.2)
-    named = check_stragglers(sleeping, [busy])
-    assert named is not None and named.straggler == 1 and named.cause == "data"
-    # on a quiet host a rank starved by its own threads is named, with that cause
-    quiet = check_stragglers(starved, [HostLoad(busy_cores=1.0, ranks_cores=1.0, cores=2)])
-    assert quiet is not None and quiet.straggler == 1 and quiet.cause == "cpu"
+    # late while waiting for a core, or computing longer on a shared one: the neighbours can do that
+    for how in ("starved", "computing"):
+        slowed = simulate(2, 20, rng, slow=1, phase="forward", delay_ms=15.0, how=how)
+        check = check_stragglers(slowed, [busy])
+        assert check is not None and check.straggler is None and check.contention == busy, (how, check)
+    # late while off its core (asleep, a slow read): its own doing, named even on the busy host
+    for phase in ("data", "forward"):
+        named = check_stragglers(simulate(2, 20, rng, slow=1, phase=phase, delay_ms=15.0), [busy])
+        assert named is not None and named.straggler == 1 and named.cause == phase
+        assert named.off_core_ms is not None and named.off_core_ms > 10.0
+    # on a quiet host, a rank starved by its own threads is named with that cause; one computing longer
+    # is named with its phase
+    quiet = [HostLoad(busy_cores=1.0, ranks_cores=1.0, cores=2)]
+    starved = check_stragglers(simulate(2, 20, rng, slow=1, phase="forward", delay_ms=15.0, how="starved"), quiet)
+    assert starved is not None and starved.straggler == 1 and starved.cause == "cpu"
+    slower = check_stragglers(simulate(2, 20, rng, slow=0, phase="backward", delay_ms=15.0, how="computing"), quiet)
+    assert slower is not None and slower.straggler == 0 and slower.cause == "backward"
 
 
 def test_too_few_steps_claim_nothing_and_say_so() -> None:

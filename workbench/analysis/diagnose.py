@@ -31,7 +31,7 @@ from workbench.analysis.findings import Finding as Finding  # re-exported: calle
 from workbench.analysis.findings import Kind as Kind
 from workbench.analysis.findings import Severity as Severity
 from workbench.analysis.flops import FlopCount, Mfu, model_flops_utilization
-from workbench.analysis.ranks import distributed_findings
+from workbench.analysis.ranks import distributed_findings, distributed_notes
 from workbench.config import TrainConfig, resolved_optimizer_impl
 from workbench.measure.result import TrialResult
 
@@ -138,6 +138,7 @@ def diagnose(result: TrialResult, flops: FlopCount | int | None = None) -> Diagn
     kept = _one_rank_data_finding(f for f in findings if f is not None)
     kept += utilization_findings(ctx, result, kept)
     notes += utilization_notes(result)
+    notes += distributed_notes(result)
     kept.sort(key=lambda f: (f.severity != "bottleneck", -f.score))
     if profile.get("syncs", {}).get("error"):
         notes.append(f"sync scan failed: {profile['syncs']['error']}")

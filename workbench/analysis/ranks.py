@@ -34,7 +34,7 @@ def distributed_notes(result: TrialResult) -> list[str]:
     check = straggler_check(result)
     if check is None or check.straggler is not None or check.contention is not None:
         return []
-    return ["no straggler: " + "; ".join(check.reasons)]
+    return ["no straggler named — " + "; ".join(check.reasons)]
 
 
 def _sync_bound(result: TrialResult, info: dict[str, Any], check: StragglerCheck | None) -> Finding | None:
@@ -214,6 +214,7 @@ def _rank_steps(item: dict[str, Any]) -> RankSteps:
         item.get("sync_wait_ms"),
         item.get("gradient_wait_ms"),
         str(item.get("host", "")),
+        item.get("cpu_ms"),
         item.get("cpu_wait_ms"),
     )
 

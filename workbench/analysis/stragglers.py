@@ -7,15 +7,14 @@ any rank waited minus its own wait — no clocks compared across ranks or hosts.
 phase in which it spends longer than the other ranks do, and the others' waiting is its cost.
 
 A straggler is named only when (a) its median margin over the next-latest rank is at least
-`MIN_SHARE` of the step and `MIN_MS`, (b) it is the latest rank in significantly many steps
-(a one-sided sign test at `ALPHA`, Bonferroni over the ranks, since the latest is chosen after
-looking), and (c) each third of the window agrees. On a host whose other processes took cores
+`MIN_SHARE` of the step and `MIN_MS`, (b) it is later than the others by more than chance allows
+(a one-sided Wilcoxon signed-rank test over steps at `ALPHA`, Bonferroni over the ranks, since
+the latest is chosen after looking), and (c) each third of the window agrees. On a host whose other processes took cores
 the ranks needed, a late rank is reported as host contention instead of being blamed.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import Any
@@ -26,9 +25,9 @@ MIN_SHARE = 0.05
 MIN_MS = 0.5
 """…nor below this many ms: a thread yield on a busy core costs a few tenths of a ms."""
 ALPHA = 0.01
-"""False-alarm level of the sign test, shared by all ranks (each tested at ALPHA / ranks)."""
+"""False-alarm level of the signed-rank test, shared by all ranks (each tested at ALPHA / ranks)."""
 MIN_STEPS = 6
-"""Fewer aligned steps than this cannot pass the sign test at ALPHA: nothing is claimed."""
+"""Fewer aligned steps than this cannot pass the test at ALPHA: nothing is claimed."""
 BLOCKS = 3
 CONTENTION_CORES = 0.5
 """Other processes' cores above which, with the ranks' own use, a host counts as contended."""
@@ -60,6 +59,8 @@ class RankSteps:
     gradient_wait_ms: list[float | None] | None = None
     """The part inside backward (the gradient sync); defaults to `wait_ms`."""
     host: str = ""
+    cpu_ms: list[float | None] | None = None
+    """Time its training thread was on a core; None when not measured."""
     cpu_wait_ms: list[float | None] | None = None
     """Time its training thread was runnable but had no core (the run queue); None when not measured."""
 
@@ -98,6 +99,7 @@ class RankPace:
     other_ms: float | None
     wait_ms: float | None
     late_ms: float
+    cpu_ms: float | None = None
     cpu_wait_ms: float | None = None
 
 
@@ -128,6 +130,8 @@ class StragglerCheck:
     contention: HostLoad | None = None
     cpu_wait_excess_ms: float | None = None
     """How much longer than the other ranks the latest one waited for a CPU core, per step."""
+    off_core_ms: float | None = None
+    """How much of its lateness it spent neither on a core nor waiting for one (asleep, blocked on I/O)."""
     reasons: list[str] = field(default_factory=list)
     """Why a straggler was or was not named, one clause each."""
 
@@ -170,7 +174,7 @@ def check_stragglers(ranks: list[RankSteps], host_loads: list[HostLoad] | None =
     margin = [arrival[best][s] - max(a[s] for i, a in enumerate(arrival) if i != best) for s in range(n)]
     late = median(margin)
     latest = sum(1 for d in margin if d > 0)
-    p = _sign_test(latest, sum(1 for d in margin if d != 0))
+    p = _signed_rank_p(margin)
     threshold = max(MIN_SHARE * step, MIN_MS)
     excess = _excess(paces, best)
     others = [p_.wait_ms for i, p_ in enumerate(paces) if i != best and p_.wait_ms is not None]
@@ -206,35 +210,46 @@ def check_stragglers(ranks: list[RankSteps], host_loads: list[HostLoad] | None =
         f"rank {check.candidate} is latest by a median {late:.2f} ms (threshold {threshold:.2f} ms: "
         f"{MIN_SHARE:.0%} of the step, at least {MIN_MS} ms)"
     )
-    reasons.append(f"latest in {latest} of {n} steps (sign test p={p:.2g}, needs < {ALPHA / len(ranks):.2g})")
+    reasons.append(f"latest in {latest} of {n} steps (signed-rank test p={p:.2g}, needs < {ALPHA / len(ranks):.2g})")
     reasons.append(f"window thirds {'agree' if blocks_ok else 'disagree'} ({', '.join(f'{b:.2f}' for b in blocks)} ms)")
     if not (size_ok and test_ok and blocks_ok):
         return check
     check.cause = _cause(excess, late)
-    check.cpu_wait_excess_ms = _cpu_wait_excess(paces, best)
-    starved = check.cpu_wait_excess_ms is None or check.cpu_wait_excess_ms >= 0.5 * late
+    check.cpu_wait_excess_ms = _thread_excess(paces, best, "cpu_wait_ms")
+    on_core = _thread_excess(paces, best, "cpu_ms")
+    if on_core is not None and check.cpu_wait_excess_ms is not None:
+        check.off_core_ms = late - max(0.0, on_core) - max(0.0, check.cpu_wait_excess_ms)
+    starved = check.cpu_wait_excess_ms is not None and check.cpu_wait_excess_ms >= 0.5 * late
     busy = next((h for h in host_loads or [] if h.contended), None)
-    if busy is not None and starved:
+    if busy is not None and not _own_doing(check, late):
+        # Work on a core that others share runs slower even when it never waits in the run queue (a
+        # busy hyperthread sibling, memory bandwidth): on a busy host, only a rank late while it was
+        # off its core (asleep, or waiting for a disk or its data) is told apart from its neighbours'.
         check.contention = busy
-        why = (
-            "its lateness is not explained otherwise"
-            if check.cpu_wait_excess_ms is None
-            else f"it waited {check.cpu_wait_excess_ms:.1f} ms a step longer than the others for a free core"
-        )
         reasons.append(
-            f"the host was busy: other processes kept {busy.other_cores:.1f} of its {busy.cores} cores "
-            f"busy while the ranks used {busy.ranks_cores:.1f}, and {why}: contention, not the rank"
+            f"the host was busy: other processes kept {busy.other_cores:.1f} of its {busy.cores} cores busy while "
+            f"the ranks used {busy.ranks_cores:.1f}, and rank {check.candidate} was late in "
+            f"{PHASE_WORDS[check.cause]}, which that contention can cause: no rank is blamed"
         )
         return check
-    if check.cpu_wait_excess_ms is not None and check.cpu_wait_excess_ms >= 0.5 * late:
+    if starved:
         check.cause = "cpu"  # its own threads (loader workers, intra-op threads) outnumber its cores
     check.straggler = check.candidate
     return check
 
 
-def _cpu_wait_excess(paces: list[RankPace], index: int) -> float | None:
-    mine = paces[index].cpu_wait_ms
-    theirs = [p.cpu_wait_ms for i, p in enumerate(paces) if i != index and p.cpu_wait_ms is not None]
+def _own_doing(check: StragglerCheck, late: float) -> bool:
+    """Whether the rank's lateness is its own even on a busy host: mostly spent off its core, or
+    (where the thread's times were not read) in waiting for its data."""
+    if check.off_core_ms is not None:
+        return check.off_core_ms >= 0.5 * late
+    return check.cause == "data"
+
+
+def _thread_excess(paces: list[RankPace], index: int, field: str) -> float | None:
+    """The latest rank's median of a per-thread figure minus the other ranks' median."""
+    mine = getattr(paces[index], field)
+    theirs = [getattr(p, field) for i, p in enumerate(paces) if i != index and getattr(p, field) is not None]
     return None if mine is None or not theirs else mine - median(theirs)
 
 
@@ -261,6 +276,7 @@ def _aligned(ranks: list[RankSteps]) -> list[RankSteps]:
                 pick(r.wait_ms),
                 pick(r.gradient_wait_ms),
                 r.host,
+                pick(r.cpu_ms),
                 pick(r.cpu_wait_ms),
             )
         )
@@ -316,6 +332,7 @@ def _pace(r: RankSteps, late: list[float]) -> RankPace:
         med(other),
         med(r.wait_ms),
         median(late),
+        med(r.cpu_ms),
         med(r.cpu_wait_ms),
     )
 
@@ -360,13 +377,15 @@ def _cause_words(check: StragglerCheck) -> str:
     return f" because its {PHASE_WORDS[cause]} takes {getattr(me, f'{cause}_ms'):.1f} ms a step{theirs}"
 
 
-def _sign_test(positive: int, n: int) -> float:
-    """One-sided P(X >= positive) for X ~ Binomial(n, 1/2): a rank as often latest as chance allows."""
-    if n == 0:
+def _signed_rank_p(margins: list[float]) -> float:
+    """One-sided Wilcoxon signed-rank p-value that the margins lean positive: a rank later than the
+    others more often and by more than chance allows. Under no fault, ranks are exchangeable and a
+    margin is as likely negative as positive."""
+    from scipy.stats import wilcoxon
+
+    if not any(margins):
         return 1.0
-    if n > 1000:  # 2**n overflows a float: the normal approximation is exact enough there
-        return 0.5 * math.erfc((positive - 0.5 - n / 2) / math.sqrt(n / 4) / math.sqrt(2))
-    return sum(math.comb(n, k) for k in range(positive, n + 1)) / 2.0**n
+    return float(wilcoxon(margins, alternative="greater", zero_method="zsplit").pvalue)
 
 
 def _block_medians(values: list[float]) -> list[float]:

@@ -29,7 +29,7 @@ from workbench.measure.events import EventSink, TrialFinished, TrialStarted
 from workbench.measure.outcome import start_result
 from workbench.measure.request import TrialRequest
 from workbench.measure.result import TrialResult
-from workbench.measure.schedstat import RunQueueSteps
+from workbench.measure.schedstat import ThreadSteps
 from workbench.measure.syncwait import SyncWaits
 from workbench.measure.timing import synchronize
 from workbench.measure.window import LossLog, run_window
@@ -80,7 +80,7 @@ def run_rank_trial(request: TrialRequest, ctx: RankContext, *, emit: EventSink, 
     train_step = build(local_wl, local_config, ctx.device, checked=request.checked)
     result.applied = [{"toggle": a.toggle, "value": a.value, "detail": a.detail} for a in train_step.applied]
     batches = local_wl.batches(local_config)
-    waits, queue = SyncWaits(train_step.model, ctx.device), RunQueueSteps()
+    waits, queue = SyncWaits(train_step.model, ctx.device), ThreadSteps()
     losses = LossLog(ctx.device, request.warmup, request.steps, reduce=lambda loss: _world_mean(loss, ctx, waits))
     run_window(train_step, batches, result, emit, losses, on_phase=_noting_phases(progress, waits, queue))
     waits.close()
@@ -92,7 +92,8 @@ def run_rank_trial(request: TrialRequest, ctx: RankContext, *, emit: EventSink, 
         local["sync_wait_ms"] = waits.resolve()[result.warmup :]
         local["gradient_wait_ms"] = waits.resolve("gradient")[result.warmup :]
     local["cpu"] = (result.utilization or {}).get("cpu")
-    local["cpu_wait_ms"] = queue.per_step_ms[result.warmup :]
+    local["cpu_ms"] = queue.cpu_ms[result.warmup :]
+    local["cpu_wait_ms"] = queue.cpu_wait_ms[result.warmup :]
     if result.status == "ok":
         local["profile"] = profile_comm(train_step, batches, ctx, result.warmup + result.steps, progress).to_dict()
         local["allreduce"] = measure_allreduce(_gradient_bytes(train_step), ctx)
@@ -117,9 +118,9 @@ def _world_mean(loss: torch.Tensor, ctx: RankContext, waits: SyncWaits) -> torch
     return total / ctx.world_size
 
 
-def _noting_phases(progress: Progress, waits: SyncWaits, queue: RunQueueSteps) -> Progress:
+def _noting_phases(progress: Progress, waits: SyncWaits, queue: ThreadSteps) -> Progress:
     """The rank's progress report, also telling `waits` when each backward returned and `queue`
-    when each step's phases ended (its run-queue delay per step)."""
+    when each step's phases ended (its thread's time on a core, and waiting for one, per step)."""
 
     def on_phase(step: int, phase: str) -> None:
         if phase == "backward":

@@ -58,6 +58,7 @@ def _timeline(item: dict[str, Any]) -> dict[str, Any]:
         "phase_ms": dict(item.get("phase_ms") or {}),
         "sync_wait_ms": item.get("sync_wait_ms"),
         "gradient_wait_ms": item.get("gradient_wait_ms"),
+        "cpu_ms": item.get("cpu_ms"),
         "cpu_wait_ms": item.get("cpu_wait_ms"),
     }
 

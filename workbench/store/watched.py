@@ -28,7 +28,7 @@ STALE_AFTER_S = 10.0
 #: Another host's pid cannot be checked: only a much longer silence reads as killed there.
 OTHER_HOST_STALE_S = 600.0
 STEP_FIELDS = ("wall_time", "step_ms", "data_ms", "forward_ms", "backward_ms", "optimizer_ms",
-               "peak_memory_bytes", "loss", "sync_wait_ms", "cpu_wait_ms")  # fmt: skip
+               "peak_memory_bytes", "loss", "sync_wait_ms", "cpu_ms", "cpu_wait_ms")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,9 @@ class StepRow:
     peak_memory_bytes: int | None = None
     loss: float | None = None
     sync_wait_ms: float | None = None
-    """Waiting at the gradient synchronization (inside `backward_ms`): from the last gradient to the optimizer."""
+    """Waiting at the gradient synchronization (inside `backward_ms`): from the last gradient to backward's end."""
+    cpu_ms: float | None = None
+    """The training thread's time on a core."""
     cpu_wait_ms: float | None = None
     """The training thread's time runnable without a core (the kernel's run queue)."""
 

@@ -214,6 +214,7 @@ def _rank_steps(run: WatchedRun, rows: list[StepRow]) -> RankSteps:
         phases={p: [getattr(r, f"{p}_ms") for r in kept] for p in PHASES},
         wait_ms=waits if kept and all(w is not None for w in waits) else None,
         host=run.host or "",
+        cpu_ms=[r.cpu_ms for r in kept],
         cpu_wait_ms=[r.cpu_wait_ms for r in kept],
     )
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from workbench.measure.schedstat import run_queue_s
+from workbench.measure.schedstat import thread_times
 from workbench.measure.syncwait import GradReady
 from workbench.store import DEFAULT_STORE, StoreArg
 from workbench.store.watch_profiles import MAX_STEPS
@@ -217,7 +217,7 @@ class Watch:
         if self._grads is not None and self._grad_sync is None:  # no optimizer hook took them
             self._grad_sync = self._grads.take()
         raw = RawStep(self.steps, time.time(), self._start, end, self._data_s, forward, optimizer, loss, peak)
-        raw.grad_sync, raw.run_queue_s = self._grad_sync, run_queue_s()
+        raw.grad_sync, raw.thread_times = self._grad_sync, thread_times()
         self._writer.offer(raw)
         self._start, self._data_s = end, 0.0
         self._forward, self._optimizer, self._grad_sync = [None, None], [None, None], None

@@ -24,6 +24,7 @@ import torch
 from workbench.fingerprint import environment_fingerprint
 from workbench.measure.hostload import HostCpu
 from workbench.measure.monitor import DeviceMonitor
+from workbench.measure.schedstat import step_deltas
 from workbench.measure.syncwait import elapsed_ms, stamp_done
 from workbench.store import DEFAULT_STORE, StoreArg, default_store_path
 from workbench.store.core import Store
@@ -50,8 +51,8 @@ class RawStep:
     peak_memory_bytes: int | None
     grad_sync: tuple[Any, Any] | None = None
     """(last gradient accumulated, backward's end) stamps; either None when not seen."""
-    run_queue_s: float | None = None
-    """The training thread's run-queue total at the step's end (a running count, in s)."""
+    thread_times: tuple[float, float] | None = None
+    """The training thread's running totals at the step's end: (s on a core, s waiting for one)."""
 
 
 class Writer:
@@ -84,7 +85,7 @@ class Writer:
         self._warned = False
         self._window: dict[str, Any] = {}
         self._energy_j: float | None = None
-        self._run_queue_s: float | None = None
+        self._thread_times: tuple[float, float] | None = None
         self._host_cpu: HostCpu | None = None
         self._thread = threading.Thread(target=self._run, name="workbench-watch-writer", daemon=True)
 
@@ -183,11 +184,9 @@ class Writer:
                     return
                 record.end.synchronize()  # the job has left the loop: only this thread waits
             self._unresolved.popleft()
-            cpu_wait = None
-            if record.run_queue_s is not None and self._run_queue_s is not None:
-                cpu_wait = (record.run_queue_s - self._run_queue_s) * 1000.0
-            self._run_queue_s = record.run_queue_s
-            row = _resolve(record, cpu_wait)
+            cpu = step_deltas(self._thread_times, record.thread_times)
+            self._thread_times = record.thread_times
+            row = _resolve(record, *cpu)
             # Here, one step at a time: in the downsampled history a NaN spreads to its whole bucket.
             if self.first_nonfinite_loss_step is None and row.loss is not None and not math.isfinite(row.loss):
                 self.first_nonfinite_loss_step = row.first_step
@@ -270,7 +269,7 @@ def _start_monitor(device: Any) -> DeviceMonitor | None:
         return None
 
 
-def _resolve(r: RawStep, cpu_wait_ms: float | None = None) -> StepRow:
+def _resolve(r: RawStep, cpu_ms: float | None = None, cpu_wait_ms: float | None = None) -> StepRow:
     forward = backward = optimizer = sync_wait = None
     if r.forward is not None:
         forward = elapsed_ms(*r.forward)
@@ -288,7 +287,7 @@ def _resolve(r: RawStep, cpu_wait_ms: float | None = None) -> StepRow:
         # (a closure, as Lightning's loop does), so its time holds them and backward has no edge.
         backward = optimizer = sync_wait = None
     return StepRow(r.step, 1, r.wall_time, elapsed_ms(r.start, r.end), r.data_s * 1000.0, forward, backward,
-                   optimizer, r.peak_memory_bytes, _loss_value(r.loss), sync_wait, cpu_wait_ms)  # fmt: skip
+                   optimizer, r.peak_memory_bytes, _loss_value(r.loss), sync_wait, cpu_ms, cpu_wait_ms)  # fmt: skip
 
 
 def _loss_value(loss: Any) -> float | None:

@@ -1,0 +1,162 @@
+"""Is the straggler verdict calibrated on real ranks here? False alarms without a fault, detection of a 10% delay.
+
+Runs 2-rank gloo jobs of a data-parallel model whose step is tens of ms, through both documented paths:
+- the distributed trial (`run_trial` with DDP), and
+- a watched torchrun job (`wb.watch` on every rank, read back with `watched_job`), all jobs of one
+  path run one after another in one launch.
+No-fault runs: any named straggler is a false alarm (the rule's stated level is 1%). Fault runs: one
+rank sleeps 10% of the no-fault step in one phase (data, forward, backward, optimizer in turn, on
+rank 0 and rank 1 in turn); detected = that rank named with that phase.
+
+    .venv/bin/python benchmarks/stragglers.py [--n 8] [--paths trial,watch] [--share 0.10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the fault-injecting workload is the tests' known truth
+
+from straggler_workload import PHASES, straggler_workload  # noqa: E402
+
+import workbench as wb  # noqa: E402
+from workbench.analysis.ranks import straggler_check  # noqa: E402
+from workbench.config import TrainConfig  # noqa: E402
+from workbench.trials import run_trial  # noqa: E402
+
+WIDTH, BATCH, STEPS = 4096, 1024, 16
+
+
+def faults(n: int) -> list[tuple[str, int]]:
+    """(phase, slow rank) for n fault runs: every phase, rank 0 and rank 1 in turn."""
+    cycle = itertools.cycle([(phase, rank) for rank in (0, 1) for phase in PHASES])
+    return [next(cycle) for _ in range(n)]
+
+
+def trial_verdict(phase: str | None, slow: int, delay_s: float) -> tuple[int | None, str | None, float]:
+    workload = straggler_workload(phase, slow, delay_s, width=WIDTH, batch_size=BATCH)
+    result = run_trial(workload, TrainConfig(strategy="ddp", nproc_per_node=2), warmup=3, steps=STEPS, device="cpu")
+    if result.status != "ok":
+        raise RuntimeError(result.message)
+    check = straggler_check(result)
+    assert check is not None
+    return check.straggler, check.cause, check.step_ms
+
+
+JOB = """
+import sys, time, torch, torch.distributed as dist
+sys.path.insert(0, sys.argv[3])
+import workbench as wb
+from straggler_workload import FaultyNet
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+store, width, batch, steps = sys.argv[1], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+for index, spec in enumerate(sys.argv[7:]):
+    phase, slow, delay = spec.split(":")
+    slowed, delay = rank == int(slow), float(delay)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(FaultyNet(phase, int(slow), delay, width))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def loader(n):
+        for _ in range(n):
+            if phase == "data" and slowed:
+                time.sleep(delay)
+            yield torch.randn(batch, 64)
+
+    with wb.watch(model, opt, name=f"job{index}", store=store, warmup=3, flush_s=0.5) as w:
+        if phase == "optimizer" and slowed:
+            opt.register_step_pre_hook(lambda *_: time.sleep(delay))
+        for x in w.batches(loader(steps + 3)):
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            w.step(loss=loss)
+    dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def watch_verdicts(specs: list[tuple[str, int, float]]) -> list[tuple[int | None, str | None, float]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        script, store = Path(tmp) / "job.py", Path(tmp) / "history.db"
+        script.write_text(textwrap.dedent(JOB))
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        args = [f"{phase}:{slow}:{delay}" for phase, slow, delay in specs]
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                str(script),
+                str(store),
+                "0",
+                str(ROOT / "tests"),
+                str(WIDTH),
+                str(BATCH),
+                str(STEPS),
+                *args,
+            ],
+            check=True,
+            capture_output=True,
+            env=env,
+            timeout=1800,
+        )
+        out = []
+        for index in range(len(specs)):
+            check = wb.watch.watched_job(f"job{index}", store=store).check
+            assert check is not None
+            out.append((check.straggler, check.cause, check.step_ms))
+        return out
+
+
+def report(path: str, quiet: list[tuple[int | None, str | None, float]], faulty: list[tuple], truth: list) -> None:
+    false = sum(s is not None for s, _, _ in quiet)
+    hits = sum(s == slow and c == phase for (s, c, _), (phase, slow) in zip(faulty, truth))
+    misses = [f"{phase}@{slow}->{s}:{c}" for (s, c, _), (phase, slow) in zip(faulty, truth) if (s, c) != (slow, phase)]
+    step = statistics.median(t for _, _, t in quiet)
+    print(
+        f"{path:6s} false alarms {false}/{len(quiet)} ({false / len(quiet):.0%}), detected {hits}/{len(faulty)} "
+        f"({hits / len(faulty):.0%}) at a median no-fault step of {step:.1f} ms"
+        + (f"; missed: {', '.join(misses)}" if misses else "")
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=8, help="no-fault runs, and fault runs, per path")
+    parser.add_argument("--paths", default="trial,watch")
+    parser.add_argument("--share", type=float, default=0.10, help="the delay, as a share of the no-fault step")
+    args = parser.parse_args()
+    truth = faults(args.n)
+    for path in args.paths.split(","):
+        began = time.perf_counter()
+        if path == "trial":
+            quiet = [trial_verdict(None, 0, 0.0) for _ in range(args.n)]
+            delay = args.share * statistics.median(t for _, _, t in quiet) / 1000.0
+            faulty = [trial_verdict(phase, slow, delay) for phase, slow in truth]
+        else:
+            quiet = watch_verdicts([("none", 0, 0.0)] * args.n)
+            delay = args.share * statistics.median(t for _, _, t in quiet) / 1000.0
+            faulty = watch_verdicts([(phase, slow, delay) for phase, slow in truth])
+        report(path, quiet, faulty, truth)
+        print(f"       delay {delay * 1000:.1f} ms; {time.perf_counter() - began:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
