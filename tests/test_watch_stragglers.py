@@ -16,6 +16,7 @@ import pytest
 from straggler_workload import PHASES
 
 import workbench as wb
+from workbench.jupyter.sources import list_watched
 
 ROOT = Path(__file__).resolve().parents[1]
 DELAY_S = 0.03
@@ -24,6 +25,7 @@ JOB = """
 import sys, time, torch, torch.distributed as dist
 sys.path.insert(0, sys.argv[3])
 import workbench as wb
+from workbench.jupyter.sources import list_watched
 from straggler_workload import FaultyNet
 
 dist.init_process_group("gloo")
@@ -76,7 +78,7 @@ CASES = {
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_a_delayed_phase_on_one_rank_is_named_with_that_phase_and_a_quiet_job_is_not(
-    tmp_path: Path, world: int
+    tmp_path: Path, world: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert {phase for phase, _ in CASES[world]} == set(PHASES)
     store = launch(tmp_path, world, [f"{p}:{r}" for p, r in CASES[world]] + ["none:0"])
@@ -89,6 +91,12 @@ def test_a_delayed_phase_on_one_rank_is_named_with_that_phase_and_a_quiet_job_is
         assert f"straggler: rank {slow}" in job.describe() and f"rank {slow} arrives" in job.describe()
     quiet = wb.watch.watched_job("none-0", store=store)
     assert quiet.check is not None and quiet.straggler is None, quiet.describe()
+    if world == 2:  # the JupyterLab panel's feed says the same, once per launch, for every rank listed
+        monkeypatch.setenv("WORKBENCH_STORE", str(store))
+        fed = [job for job in list_watched(limit=50)["jobs"] if job["name"] == "data-1"]
+        assert sorted(job["rank"] for job in fed) == [0, 1]
+        assert all(job["launch"]["straggler"] == 1 for job in fed)
+        assert fed[0]["launch"]["pace"].startswith("straggler: rank 1 (data loading) — rank 1 arrives")
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import { Widget } from '@lumino/widgets';
 
 import { DeviceChart } from './chart';
 import { MetricsModel } from './model';
-import { jobLine, jobTitle, profileLine, requestProfile, WatchedJobsModel } from './watched';
+import { jobLine, jobTitle, launchLine, profileLine, requestProfile, WatchedJobsModel } from './watched';
 
 export class WorkbenchPanel extends Widget {
   constructor(options: { model: MetricsModel; watched: WatchedJobsModel; onNewNotebook: () => void }) {
@@ -79,6 +79,7 @@ export class WorkbenchPanel extends Widget {
     const note = watched.error ? `Cannot read watched jobs: ${watched.error}` : watched.jobs.length ? '' : watched.note;
     this._jobsNote.textContent = note;
     this._jobsNote.hidden = note === '';
+    const launchesShown = new Set<string>();
     this._jobs.replaceChildren(
       ...watched.jobs.map(job => {
         const item = document.createElement('li');
@@ -92,6 +93,14 @@ export class WorkbenchPanel extends Widget {
         line.textContent = jobLine(job);
         item.title = job.job ?? job.host ?? '';
         item.append(title, document.createElement('br'), line);
+        const launch = launchLine(job);
+        if (launch && job.job && !launchesShown.has(job.job)) {
+          launchesShown.add(job.job); // once per launch, under its first rank listed
+          const pace = document.createElement('div');
+          pace.className = 'jp-WorkbenchPanel-launch';
+          pace.textContent = launch;
+          item.append(pace);
+        }
         const profiled = profileLine(job);
         if (profiled) {
           const finding = document.createElement('div');

@@ -43,6 +43,13 @@ export interface IWatchedJob {
     summary: string | null;
     fix: string | null;
   } | null;
+  /** Under torchrun: the launch read as one — its state, the rank that failed first, the straggler line. */
+  launch?: {
+    status: string;
+    first_failed_rank: number | null;
+    straggler: number | null;
+    pace: string;
+  } | null;
 }
 
 export interface IWatchReply {
@@ -96,6 +103,16 @@ export function profileLine(job: IWatchedJob): string {
     return `${where}no bottleneck found`;
   }
   return `${where}${window.finding}${window.fix ? ` — try: ${window.fix}` : ''}`;
+}
+
+/** A torchrun launch in a line: the rank that failed first, then the straggler (who, and why) or why none. */
+export function launchLine(job: IWatchedJob): string {
+  const launch = job.launch;
+  if (!launch) {
+    return '';
+  }
+  const failed = launch.first_failed_rank !== null ? `failed: rank ${launch.first_failed_rank} first · ` : '';
+  return `${failed}${launch.pace}`;
 }
 
 /** Ask a running job to profile its next steps (it takes the request within about a second). */

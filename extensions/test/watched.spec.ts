@@ -1,4 +1,4 @@
-import { formatBytes, IWatchedJob, jobLine, jobTitle, profileLine } from '../src/watched';
+import { formatBytes, IWatchedJob, jobLine, jobTitle, launchLine, profileLine } from '../src/watched';
 
 function job(overrides: Partial<IWatchedJob> = {}): IWatchedJob {
   return {
@@ -56,6 +56,22 @@ describe('watched jobs', () => {
     expect(profileLine(job({ profile: { ...done, finding: null } }))).toBe('steps 14–18: no bottleneck found');
     expect(profileLine(job({ profile: { ...window, status: 'failed', message: 'no timed step' } }))).toBe(
       'profile failed (no timed step)'
+    );
+  });
+});
+
+describe('a torchrun launch', () => {
+  const launch = { status: 'running', first_failed_rank: null, straggler: 1, pace: 'straggler: rank 1 (data loading) — rank 1 arrives 30.2 ms late' };
+
+  it('shows the straggler line of the launch, and nothing for a single process', () => {
+    expect(launchLine(job())).toBe('');
+    expect(launchLine(job({ rank: 0, world_size: 2, job: 'j@1', launch }))).toBe(launch.pace);
+  });
+
+  it('puts the rank that failed first before it', () => {
+    const failed = { ...launch, status: 'failed', first_failed_rank: 1, straggler: null, pace: 'straggler: none' };
+    expect(launchLine(job({ rank: 0, world_size: 2, job: 'j@1', launch: failed }))).toBe(
+      'failed: rank 1 first · straggler: none'
     );
   });
 });

@@ -130,6 +130,7 @@ def list_watched(limit: int) -> dict[str, Any]:
     from workbench.store import Store, StoreError, default_store_path
     from workbench.store.watch_profiles import newest_profiles
     from workbench.store.watched import last_steps, watched_runs
+    from workbench.watch.job import job_of, job_steps
 
     path = default_store_path()
     if path is None:
@@ -141,6 +142,10 @@ def list_watched(limit: int) -> dict[str, Any]:
             runs = watched_runs(store, limit=limit)
             newest = last_steps(store, [r.run_id for r in runs])
             windows = newest_profiles(store, [r.run_id for r in runs])
+            launches = {}
+            for job in {r.job for r in runs if r.job}:
+                ranks = watched_runs(store, job=job, limit=None)
+                launches[job] = _launch(job_of(ranks, job_steps(store, ranks)))
     except StoreError as exc:
         raise SourceError(500, f"cannot read the run store: {exc}") from None
     jobs = []
@@ -156,8 +161,20 @@ def list_watched(limit: int) -> dict[str, Any]:
                                                "step_ms": step.step_ms, "data_ms": step.data_ms,
                                                "peak_memory_bytes": step.peak_memory_bytes, "loss": step.loss},
             "profile": _window(windows[run.run_id]) if run.run_id in windows else None,
+            "launch": launches.get(run.job) if run.job else None,
         })  # fmt: skip
     return _finite({"jobs": jobs, "store": str(path), "note": ""})
+
+
+def _launch(job: Any) -> dict[str, Any]:
+    """A torchrun job as one: its state, the rank that failed first, and the straggler line (who, why)."""
+    first = job.first_failed
+    return {
+        "status": job.status,
+        "first_failed_rank": first.rank if first is not None else None,
+        "straggler": job.straggler,
+        "pace": job.pace(),
+    }
 
 
 def _window(window: Any) -> dict[str, Any]:
