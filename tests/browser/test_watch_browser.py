@@ -74,6 +74,41 @@ OBSERVE = """
 """
 
 
+# A finished 2-rank torchrun job in the same history, rank 1's loader the slow one: the panel shows
+# the launch's straggler line once, under its first rank.
+RANKS_JOB = """
+import sys, time, torch, torch.distributed as dist
+import workbench as wb
+
+dist.init_process_group("gloo")
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+def loader():
+    for _ in range(24):
+        if dist.get_rank() == 1:
+            time.sleep(0.03)
+        yield torch.randn(16, 64)
+
+with wb.watch(model, opt, name="ddp-straggler", store=sys.argv[1], warmup=3) as w:
+    for batch in w.batches(loader()):
+        model(batch).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        w.step()
+dist.destroy_process_group()
+"""
+
+
+def run_ranks_job(store: Path, directory: Path) -> None:
+    script = directory / "ranks.py"
+    script.write_text(textwrap.dedent(RANKS_JOB))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+    done = subprocess.run([*command, str(store)], env=env, cwd=directory, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 @pytest.fixture
 def job(tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]:
     store, log, stop_file = tmp_path / "history.sqlite", tmp_path / "steps.jsonl", tmp_path / "stop"
@@ -95,6 +130,7 @@ def test_a_terminal_job_shows_live_in_the_side_panel_within_two_seconds(
     job: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
     store, log, stop_file = job
+    run_ranks_job(store, tmp_path)
     home = tmp_path / "lab"
     (home / "work").mkdir(parents=True)
     env = {**os.environ, "WORKBENCH_STORE": str(store)}
@@ -115,6 +151,9 @@ def test_a_terminal_job_shows_live_in_the_side_panel_within_two_seconds(
         finding = page.wait_for_selector(f"#{PANEL_ID} .jp-WorkbenchPanel-profile:has-text('Data loading bound')",
                                          timeout=30_000)  # fmt: skip
         assert finding is not None and "try: Load batches in" in finding.inner_text()
+        launch = page.wait_for_selector(f"#{PANEL_ID} .jp-WorkbenchPanel-launch", timeout=30_000)
+        assert launch is not None and launch.inner_text().startswith("straggler: rank 1 (data loading)")
+        assert len(page.query_selector_all(f"#{PANEL_ID} .jp-WorkbenchPanel-launch")) == 1  # once per launch
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "watched-job.png"))
         browser.close()
