@@ -36,23 +36,30 @@ class _SlowBackward(torch.autograd.Function):
 
 
 class FaultyNet(nn.Module):
-    def __init__(self, phase: str, rank: int, delay_s: float, width: int = 256) -> None:
+    def __init__(self, phase: str, rank: int, delay_s: float, width: int = 256, norm: bool = False) -> None:
         super().__init__()
         self.first, self.second = nn.Linear(64, width), nn.Linear(width, 1)
+        # BatchNorm's buffers make DDP broadcast them at every forward's entry: a second synchronization
+        self.norm = nn.BatchNorm1d(width) if norm else nn.Identity()
         self.forward_delay = delay_s if phase == "forward" and _slowed(rank) else 0.0
         self.backward_delay = delay_s if phase == "backward" and _slowed(rank) else 0.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.forward_delay:
             time.sleep(self.forward_delay)
-        hidden = torch.relu(self.first(x))
+        hidden = torch.relu(self.norm(self.first(x)))
         if self.backward_delay:
             hidden = _SlowBackward.apply(hidden, self.backward_delay)
         return self.second(hidden)
 
 
 def straggler_workload(
-    phase: str | None, rank: int = 1, delay_s: float = 0.03, width: int = 256, batch_size: int = 12
+    phase: str | None,
+    rank: int = 1,
+    delay_s: float = 0.03,
+    width: int = 256,
+    batch_size: int = 12,
+    norm: bool = False,
 ) -> Workload:
     """`phase` None: no fault anywhere (the no-straggler truth); `width` and `batch_size` set the step's size."""
     if phase is not None and phase not in PHASES:
@@ -61,7 +68,7 @@ def straggler_workload(
     def model_fn() -> nn.Module:
         if phase == "optimizer" and _slowed(rank):
             register_optimizer_step_pre_hook(lambda *_: time.sleep(delay_s))  # every optimizer of this rank
-        return FaultyNet(str(phase), rank, delay_s, width)
+        return FaultyNet(str(phase), rank, delay_s, width, norm)
 
     def batch_fn(n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         if phase == "data" and _slowed(rank):

@@ -254,7 +254,7 @@ def _rank_data(
         "allreduce": probe,
         "phase_ms": phases,
         "sync_wait_ms": [wait_ms] * n,
-        "gradient_wait_ms": [wait_ms] * n,
+        "phase_wait_ms": {"backward": [wait_ms] * n},
     }
 
 

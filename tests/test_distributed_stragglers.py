@@ -69,6 +69,22 @@ def test_a_delayed_phase_on_one_rank_names_that_rank_and_that_phase(phase: str, 
     assert [f.title for f in diagnosis.findings if f.kind == "data"] == []  # no second, rankless data finding
 
 
+@pytest.mark.parametrize(
+    ("strategy", "norm", "phase"), [("ddp", True, "data"), ("fsdp2", False, "data"), ("fsdp2", False, "optimizer")]
+)
+def test_a_straggler_is_named_where_the_others_wait_at_the_forward_s_entry(
+    strategy: str, norm: bool, phase: str
+) -> None:
+    """DDP broadcasts BatchNorm buffers, FSDP2 all-gathers parameters, as each forward begins: there the
+    others wait for a rank late with its data, not in the gradient sync."""
+    workload = straggler_workload(phase, 1, DELAY_S, norm=norm)
+    result = run_trial(workload, TrainConfig(strategy=strategy, nproc_per_node=2), warmup=2, steps=12, device="cpu")
+    assert result.status == "ok", result.message
+    check = straggler_check(result)
+    assert check is not None and check.straggler == 1 and check.cause == phase, check and check.reasons
+    assert 0.8 * DELAY_S * 1000 <= check.late_ms <= 1.5 * DELAY_S * 1000
+
+
 @pytest.fixture
 def burners(request: pytest.FixtureRequest) -> Iterator[None]:
     procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(request.param)]

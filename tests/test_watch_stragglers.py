@@ -32,10 +32,10 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 store, delay = sys.argv[1], float(sys.argv[2])
 for spec in sys.argv[4:]:
-    phase, slow = spec.split(":")
+    phase, slow, *flags = spec.split(":")
     slowed = rank == int(slow)
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(FaultyNet(phase, int(slow), delay))
+    model = torch.nn.parallel.DistributedDataParallel(FaultyNet(phase, int(slow), delay, norm="norm" in flags))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
     def loader(n):
@@ -44,7 +44,7 @@ for spec in sys.argv[4:]:
                 time.sleep(delay)
             yield torch.randn(64, 64)
 
-    with wb.watch(model, opt, name=f"{phase}-{slow}", store=store, warmup=3, flush_s=0.2) as w:
+    with wb.watch(model, opt, name="-".join([phase, slow, *flags]), store=store, warmup=3, flush_s=0.2) as w:
         if phase == "optimizer" and slowed:  # after the watch's own hook: inside the optimizer phase
             opt.register_step_pre_hook(lambda *_: time.sleep(delay))
         for batch in w.batches(loader(24)):
@@ -81,7 +81,7 @@ def test_a_delayed_phase_on_one_rank_is_named_with_that_phase_and_a_quiet_job_is
     tmp_path: Path, world: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert {phase for phase, _ in CASES[world]} == set(PHASES)
-    store = launch(tmp_path, world, [f"{p}:{r}" for p, r in CASES[world]] + ["none:0"])
+    store = launch(tmp_path, world, [f"{p}:{r}" for p, r in CASES[world]] + ["none:0", "data:0:norm"])
     for phase, slow in CASES[world]:
         job = wb.watch.watched_job(f"{phase}-{slow}", store=store)
         check = job.check
@@ -89,6 +89,11 @@ def test_a_delayed_phase_on_one_rank_is_named_with_that_phase_and_a_quiet_job_is
         assert 0.8 * DELAY_S * 1000 <= check.late_ms <= 1.5 * DELAY_S * 1000, job.describe()
         assert check.others_wait_ms is not None and check.others_wait_ms >= 0.8 * DELAY_S * 1000
         assert f"straggler: rank {slow}" in job.describe() and f"rank {slow} arrives" in job.describe()
+    # BatchNorm buffers: DDP broadcasts them as each forward begins, and there the others wait for rank 0
+    buffered = wb.watch.watched_job("data-0-norm", store=store)
+    assert buffered.straggler == 0 and buffered.check is not None and buffered.check.cause == "data", (
+        buffered.describe()
+    )
     quiet = wb.watch.watched_job("none-0", store=store)
     assert quiet.check is not None and quiet.straggler is None, quiet.describe()
     if world == 2:  # the JupyterLab panel's feed says the same, once per launch, for every rank listed

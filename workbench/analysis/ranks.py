@@ -212,7 +212,7 @@ def _rank_steps(item: dict[str, Any]) -> RankSteps:
         steps,
         phases,
         item.get("sync_wait_ms"),
-        item.get("gradient_wait_ms"),
+        item.get("phase_wait_ms"),
         str(item.get("host", "")),
         item.get("cpu_ms"),
         item.get("cpu_wait_ms"),

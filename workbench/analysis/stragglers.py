@@ -56,8 +56,9 @@ class RankSteps:
     """'data', 'forward', 'backward' (its synchronization wait included), 'optimizer'."""
     wait_ms: list[float | None] | None = None
     """All waiting at the step's synchronizations; None when not measured."""
-    gradient_wait_ms: list[float | None] | None = None
-    """The part inside backward (the gradient sync); defaults to `wait_ms`."""
+    phase_wait_ms: dict[str, list[float | None]] | None = None
+    """The parts of `wait_ms` inside a phase: 'forward' (DDP's buffer broadcast, FSDP2's all-gather at
+    its entry), 'backward' (the gradient sync); without it, all of `wait_ms` is inside backward."""
     host: str = ""
     cpu_ms: list[float | None] | None = None
     """Time its training thread was on a core; None when not measured."""
@@ -94,7 +95,7 @@ class RankPace:
     data_ms: float | None
     forward_ms: float | None
     backward_ms: float | None
-    """Backward compute: the gradient sync's wait taken out where it was measured."""
+    """Backward compute: the gradient sync's wait taken out where it was measured (forward: its entry's)."""
     optimizer_ms: float | None
     other_ms: float | None
     wait_ms: float | None
@@ -274,7 +275,7 @@ def _aligned(ranks: list[RankSteps]) -> list[RankSteps]:
                 [r.step_ms[i] for i in keep],
                 {k: pick(v) or [] for k, v in r.phases.items()},
                 pick(r.wait_ms),
-                pick(r.gradient_wait_ms),
+                None if r.phase_wait_ms is None else {k: pick(v) or [] for k, v in r.phase_wait_ms.items()},
                 r.host,
                 pick(r.cpu_ms),
                 pick(r.cpu_wait_ms),
@@ -292,13 +293,20 @@ def _arrival(r: RankSteps, measured: bool) -> list[float]:
     return own
 
 
+def _phase_waits(r: RankSteps) -> dict[str, list[float | None]]:
+    """Per phase, its per-step waiting (all waiting inside backward where no split was recorded)."""
+    if r.phase_wait_ms is not None:
+        return r.phase_wait_ms
+    return {"backward": list(r.wait_ms)} if r.wait_ms is not None else {}
+
+
 def _cycle_ms(r: RankSteps) -> list[float]:
     """Each step's time plus any wait the step's clock did not see (a collective after it stopped):
     how often the ranks really step."""
     if r.wait_ms is None:
         return list(r.step_ms)
-    inside = r.gradient_wait_ms if r.gradient_wait_ms is not None else r.wait_ms
-    return [t + max(0.0, (w or 0.0) - (g or 0.0)) for t, w, g in zip(r.step_ms, r.wait_ms, inside)]
+    inside = [sum(_value(_phase_waits(r), phase, s) for phase in PHASES) for s in range(len(r.steps))]
+    return [t + max(0.0, (w or 0.0) - i) for t, w, i in zip(r.step_ms, r.wait_ms, inside)]
 
 
 def _value(phases: dict[str, list[float | None]], name: str, index: int) -> float:
@@ -313,22 +321,22 @@ def _pace(r: RankSteps, late: list[float]) -> RankPace:
         return median(kept) if kept else None
 
     n = len(r.steps)
-    grad_wait = r.gradient_wait_ms if r.gradient_wait_ms is not None else r.wait_ms
-    backward: list[float | None] = []
+    waits = _phase_waits(r)
+    own: dict[str, list[float | None]] = {}  # each phase without the waiting inside it
+    for phase in PHASES:
+        values = r.phases.get(phase) or [None] * n
+        own[phase] = [None if v is None else max(0.0, v - _value(waits, phase, s)) for s, v in enumerate(values)]
     other: list[float | None] = []
     for s in range(n):
-        b = (r.phases.get("backward") or [None] * n)[s]
-        w = grad_wait[s] if grad_wait is not None else None
-        backward.append(None if b is None else max(0.0, b - (w or 0.0)))
         known = [(r.phases.get(p) or [None] * n)[s] for p in PHASES]
         other.append(max(0.0, r.step_ms[s] - sum(v for v in known if v is not None)))
     return RankPace(
         r.rank,
         median(_cycle_ms(r)),
-        med(r.phases.get("data")),
-        med(r.phases.get("forward")),
-        med(backward),
-        med(r.phases.get("optimizer")),
+        med(own["data"]),
+        med(own["forward"]),
+        med(own["backward"]),
+        med(own["optimizer"]),
         med(other),
         med(r.wait_ms),
         median(late),

@@ -90,7 +90,10 @@ def run_rank_trial(request: TrialRequest, ctx: RankContext, *, emit: EventSink, 
     local["phase_ms"] = {name: list(values) for name, values in result.phase_ms.items()}
     if waits.gradient_sync_seen:
         local["sync_wait_ms"] = waits.resolve()[result.warmup :]
-        local["gradient_wait_ms"] = waits.resolve("gradient")[result.warmup :]
+        local["phase_wait_ms"] = {
+            "forward": waits.resolve("forward")[result.warmup :],
+            "backward": waits.resolve("gradient")[result.warmup :],
+        }
     local["cpu"] = (result.utilization or {}).get("cpu")
     local["cpu_ms"] = queue.cpu_ms[result.warmup :]
     local["cpu_wait_ms"] = queue.cpu_wait_ms[result.warmup :]
@@ -123,7 +126,9 @@ def _noting_phases(progress: Progress, waits: SyncWaits, queue: ThreadSteps) -> 
     when each step's phases ended (its thread's time on a core, and waiting for one, per step)."""
 
     def on_phase(step: int, phase: str) -> None:
-        if phase == "backward":
+        if phase == "forward":
+            waits.forward_returned()
+        elif phase == "backward":
             waits.backward_returned()
         elif phase in ("optimizer", "step"):  # 'step': a CUDA-graph replay is one phase
             queue.step_ended()

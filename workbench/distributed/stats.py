@@ -57,7 +57,7 @@ def _timeline(item: dict[str, Any]) -> dict[str, Any]:
         "step_ms": list(item.get("step_ms") or []),
         "phase_ms": dict(item.get("phase_ms") or {}),
         "sync_wait_ms": item.get("sync_wait_ms"),
-        "gradient_wait_ms": item.get("gradient_wait_ms"),
+        "phase_wait_ms": item.get("phase_wait_ms"),
         "cpu_ms": item.get("cpu_ms"),
         "cpu_wait_ms": item.get("cpu_wait_ms"),
     }

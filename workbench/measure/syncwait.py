@@ -3,7 +3,10 @@
 A data-parallel rank's backward ends when the gradient all-reduce (DDP) completes, and that
 cannot complete before the last rank has computed its last gradient. So the time from this
 rank's last gradient being ready to its backward returning is time spent waiting for the other
-ranks (plus the last bucket's transfer itself): what a late rank costs everyone else. The rank
+ranks (plus the last bucket's transfer itself): what a late rank costs everyone else. A forward
+can begin with a synchronization too — DDP's broadcast of buffers (BatchNorm statistics), FSDP2's
+all-gather of the root's parameters — timed from the outermost module's first pre-hook to the
+model's own code (`EntryWait`). The rank
 that waits least is the one that arrived last — read without comparing clocks across ranks or
 hosts. The stamps come from post-accumulate-grad hooks and never synchronize: `perf_counter`
 on CPU, one CUDA event per step (re-recorded by each hook, so it ends at the last gradient) on
@@ -83,6 +86,42 @@ class GradReady:
         self._handles = []
 
 
+class EntryWait:
+    """Stamps each forward's entry and the moment the model's own code starts: between them, DDP
+    broadcasts buffers and FSDP2 all-gathers the root's parameters — waiting there for late ranks.
+
+    A pre-hook put first on the outermost module runs before FSDP2's own (also a pre-hook); one put
+    last on the inner module (DDP's `.module`, else the model) runs when the model's code begins."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.device = device
+        inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+        self._begin: Any = None
+        self._pairs: list[tuple[Any, Any]] = []
+        self._handles = [
+            model.register_forward_pre_hook(self._enter, prepend=True),
+            inner.register_forward_pre_hook(self._entered),
+        ]
+
+    def _enter(self, *_: Any) -> None:
+        self._begin = stamp(self.device)
+
+    def _entered(self, *_: Any) -> None:
+        if self._begin is not None:
+            self._pairs.append((self._begin, stamp(self.device)))
+            self._begin = None
+
+    def take(self) -> list[tuple[Any, Any]]:
+        """The (entry, model code begins) stamps of the forwards since the previous `take()`."""
+        pairs, self._pairs = self._pairs, []
+        return pairs
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
 def _queue_callback(callback: Callable[[], None]) -> bool:
     """Run `callback` when the current backward pass finishes; False where the engine cannot."""
     try:
@@ -93,15 +132,21 @@ def _queue_callback(callback: Callable[[], None]) -> bool:
 
 
 class SyncWaits:
-    """Per step, this rank's time waiting at synchronizations: the gradient sync (from its last
-    gradient to backward's return) and any blocking collective run through `timed`."""
+    """Per step, this rank's time waiting at synchronizations: at each forward's entry ('forward'),
+    the gradient sync (from its last gradient to backward's return: 'gradient') and any blocking
+    collective run through `timed` ('collective')."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
         self.device = device
         self._grads = GradReady(model.parameters(), device)
+        self._entry = EntryWait(model, device)
         self._step: list[tuple[str, Any, Any]] = []
         self._steps: list[list[tuple[str, Any, Any]] | None] = []
         self._measured = False
+
+    def forward_returned(self) -> None:
+        """A forward is done: its entry's synchronization, if it had one, is counted."""
+        self._step.extend(("forward", begin, end) for begin, end in self._entry.take())
 
     def backward_returned(self) -> None:
         """Backward is done (DDP waited for its last all-reduce inside it)."""
@@ -123,7 +168,7 @@ class SyncWaits:
 
     def resolve(self, kind: str | None = None) -> list[float | None]:
         """Each ended step's wait in ms (call after the device synchronized), all of it or one kind's
-        ('gradient', 'collective'); None where nothing was stamped."""
+        ('forward', 'gradient', 'collective'); None where nothing was stamped."""
         return [
             None if stamps is None else sum(elapsed_ms(a, b) for k, a, b in stamps if kind in (None, k))
             for stamps in self._steps
@@ -136,3 +181,4 @@ class SyncWaits:
 
     def close(self) -> None:
         self._grads.close()
+        self._entry.close()

@@ -167,11 +167,13 @@ _V4 = [
     "CREATE INDEX watch_profiles_by_run ON watch_profiles(run_id, status)",
 ]
 
-# Each watched step's time waiting at the gradient synchronization (its last gradient to the end
-# of backward) and its training thread's time on a core and waiting for one: which rank arrives
+# Each watched step's time waiting for the other ranks — at its forward's entry (DDP's buffer
+# broadcast, FSDP2's all-gather) and at the gradient synchronization (its last gradient to the end
+# of backward) — and its training thread's time on a core and waiting for one: which rank arrives
 # last, and whether its neighbours or its own work made it late. NULL where not measured.
 _V5 = [
-    "ALTER TABLE watch_steps ADD COLUMN sync_wait_ms REAL",
+    "ALTER TABLE watch_steps ADD COLUMN forward_wait_ms REAL",
+    "ALTER TABLE watch_steps ADD COLUMN backward_wait_ms REAL",
     "ALTER TABLE watch_steps ADD COLUMN cpu_ms REAL",
     "ALTER TABLE watch_steps ADD COLUMN cpu_wait_ms REAL",
 ]

@@ -28,7 +28,8 @@ STALE_AFTER_S = 10.0
 #: Another host's pid cannot be checked: only a much longer silence reads as killed there.
 OTHER_HOST_STALE_S = 600.0
 STEP_FIELDS = ("wall_time", "step_ms", "data_ms", "forward_ms", "backward_ms", "optimizer_ms",
-               "peak_memory_bytes", "loss", "sync_wait_ms", "cpu_ms", "cpu_wait_ms")  # fmt: skip
+               "peak_memory_bytes", "loss", "forward_wait_ms", "backward_wait_ms", "cpu_ms",
+               "cpu_wait_ms")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,9 @@ class StepRow:
     optimizer_ms: float | None = None
     peak_memory_bytes: int | None = None
     loss: float | None = None
-    sync_wait_ms: float | None = None
+    forward_wait_ms: float | None = None
+    """Waiting at the forward's entry (inside `forward_ms`): DDP's buffer broadcast, FSDP2's all-gather."""
+    backward_wait_ms: float | None = None
     """Waiting at the gradient synchronization (inside `backward_ms`): from the last gradient to backward's end."""
     cpu_ms: float | None = None
     """The training thread's time on a core."""

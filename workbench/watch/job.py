@@ -206,13 +206,16 @@ def job_steps(db: Store, runs: list[WatchedRun]) -> dict[int, list[StepRow]]:
 def _rank_steps(run: WatchedRun, rows: list[StepRow]) -> RankSteps:
     """A rank's steady single-step rows as the straggler rule reads them."""
     kept = [r for r in rows if r.steps == 1 and r.first_step > run.warmup and r.step_ms is not None]
-    waits = [r.sync_wait_ms for r in kept]
+    forward_waits = [r.forward_wait_ms for r in kept]
+    backward_waits = [r.backward_wait_ms for r in kept]
+    waits = [None if b is None else b + (f or 0.0) for f, b in zip(forward_waits, backward_waits)]
     return RankSteps(
         rank=int(run.rank or 0),
         steps=[r.first_step for r in kept],
         step_ms=[float(r.step_ms or 0.0) for r in kept],
         phases={p: [getattr(r, f"{p}_ms") for r in kept] for p in PHASES},
         wait_ms=waits if kept and all(w is not None for w in waits) else None,
+        phase_wait_ms={"forward": forward_waits, "backward": backward_waits},
         host=run.host or "",
         cpu_ms=[r.cpu_ms for r in kept],
         cpu_wait_ms=[r.cpu_wait_ms for r in kept],

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from workbench.measure.schedstat import thread_times
-from workbench.measure.syncwait import GradReady
+from workbench.measure.syncwait import EntryWait, GradReady
 from workbench.store import DEFAULT_STORE, StoreArg
 from workbench.store.watch_profiles import MAX_STEPS
 from workbench.watch.ending import (
@@ -81,6 +81,7 @@ class Watch:
         self._forward: list[Any] = [None, None]
         self._optimizer: list[Any] = [None, None]
         self._grads: GradReady | None = None
+        self._entry: EntryWait | None = None
         self._grad_sync: tuple[Any, Any] | None = None
 
     # --- what the user calls --------------------------------------------------------
@@ -194,6 +195,8 @@ class Watch:
             handle.remove()
         if self._grads is not None:
             self._grads.close()
+        if self._entry is not None:
+            self._entry.close()
         self._profiler.abandon()
         self._writer.close(failure_message(failure) if failure else message, timeout_s, failure)
         if self._guard is not None:
@@ -218,6 +221,7 @@ class Watch:
             self._grad_sync = self._grads.take()
         raw = RawStep(self.steps, time.time(), self._start, end, self._data_s, forward, optimizer, loss, peak)
         raw.grad_sync, raw.thread_times = self._grad_sync, thread_times()
+        raw.entry_waits = self._entry.take() if self._entry is not None else []
         self._writer.offer(raw)
         self._start, self._data_s = end, 0.0
         self._forward, self._optimizer, self._grad_sync = [None, None], [None, None], None
@@ -234,12 +238,14 @@ class Watch:
 
     def _install_hooks(self) -> None:
         if self.model is not None:
-            self._hooks.append(self.model.register_forward_pre_hook(self._forward_begins))
+            # First among the pre-hooks, so the forward holds any synchronization at its entry (as DDP's does).
+            self._hooks.append(self.model.register_forward_pre_hook(self._forward_begins, prepend=True))
             self._hooks.append(self.model.register_forward_hook(self._forward_ends))
         if self.model is not None:
             # From the last gradient to backward's end, a data-parallel rank waits for the others in the
             # gradient all-reduce (the rank that waits least is the one they all wait for).
             self._grads = GradReady(self.model.parameters(), self.device)
+            self._entry = EntryWait(self.model, self.device)
         if self.optimizer is not None:
             self._hooks.append(self.optimizer.register_step_pre_hook(self._optimizer_begins))
             self._hooks.append(self.optimizer.register_step_post_hook(self._optimizer_ends))

@@ -15,7 +15,7 @@ import math
 import os
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,8 @@ class RawStep:
     peak_memory_bytes: int | None
     grad_sync: tuple[Any, Any] | None = None
     """(last gradient accumulated, backward's end) stamps; either None when not seen."""
+    entry_waits: list[tuple[Any, Any]] = field(default_factory=list)
+    """(entry, model code begins) stamps of the step's forwards: any synchronization at their entry."""
     thread_times: tuple[float, float] | None = None
     """The training thread's running totals at the step's end: (s on a core, s waiting for one)."""
 
@@ -271,6 +273,7 @@ def _start_monitor(device: Any) -> DeviceMonitor | None:
 
 def _resolve(r: RawStep, cpu_ms: float | None = None, cpu_wait_ms: float | None = None) -> StepRow:
     forward = backward = optimizer = sync_wait = None
+    entry_wait = sum(elapsed_ms(a, b) for a, b in r.entry_waits) if r.entry_waits else None
     if r.forward is not None:
         forward = elapsed_ms(*r.forward)
         if r.optimizer is not None:
@@ -287,7 +290,8 @@ def _resolve(r: RawStep, cpu_ms: float | None = None, cpu_wait_ms: float | None 
         # (a closure, as Lightning's loop does), so its time holds them and backward has no edge.
         backward = optimizer = sync_wait = None
     return StepRow(r.step, 1, r.wall_time, elapsed_ms(r.start, r.end), r.data_s * 1000.0, forward, backward,
-                   optimizer, r.peak_memory_bytes, _loss_value(r.loss), sync_wait, cpu_ms, cpu_wait_ms)  # fmt: skip
+                   optimizer, r.peak_memory_bytes, _loss_value(r.loss), entry_wait, sync_wait, cpu_ms,
+                   cpu_wait_ms)  # fmt: skip
 
 
 def _loss_value(loss: Any) -> float | None:
