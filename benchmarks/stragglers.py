@@ -15,19 +15,16 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the fault-injecting workload is the tests' known truth
 
-from straggler_workload import PHASES, straggler_workload  # noqa: E402
+from straggler_workload import PHASES, launch_watched, straggler_workload  # noqa: E402
 
 import workbench as wb  # noqa: E402
 from workbench.analysis.ranks import straggler_check  # noqa: E402
@@ -53,73 +50,14 @@ def trial_verdict(phase: str | None, slow: int, delay_s: float) -> tuple[int | N
     return check.straggler, check.cause, check.step_ms
 
 
-JOB = """
-import sys, time, torch, torch.distributed as dist
-sys.path.insert(0, sys.argv[3])
-import workbench as wb
-from straggler_workload import FaultyNet
-
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-store, width, batch, steps = sys.argv[1], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
-for index, spec in enumerate(sys.argv[7:]):
-    phase, slow, delay = spec.split(":")
-    slowed, delay = rank == int(slow), float(delay)
-    torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(FaultyNet(phase, int(slow), delay, width))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-
-    def loader(n):
-        for _ in range(n):
-            if phase == "data" and slowed:
-                time.sleep(delay)
-            yield torch.randn(batch, 64)
-
-    with wb.watch(model, opt, name=f"job{index}", store=store, warmup=3, flush_s=0.5) as w:
-        if phase == "optimizer" and slowed:
-            opt.register_step_pre_hook(lambda *_: time.sleep(delay))
-        for x in w.batches(loader(steps + 3)):
-            loss = model(x).pow(2).mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            w.step(loss=loss)
-    dist.barrier()
-dist.destroy_process_group()
-"""
-
-
 def watch_verdicts(specs: list[tuple[str, int, float]]) -> list[tuple[int | None, str | None, float]]:
+    """Each (phase, slow rank, delay) as one watched job of a single 2-rank launch."""
     with tempfile.TemporaryDirectory() as tmp:
-        script, store = Path(tmp) / "job.py", Path(tmp) / "history.db"
-        script.write_text(textwrap.dedent(JOB))
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-        args = [f"{phase}:{slow}:{delay}" for phase, slow, delay in specs]
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                "--nproc-per-node",
-                "2",
-                str(script),
-                str(store),
-                "0",
-                str(ROOT / "tests"),
-                str(WIDTH),
-                str(BATCH),
-                str(STEPS),
-                *args,
-            ],
-            check=True,
-            capture_output=True,
-            env=env,
-            timeout=1800,
-        )
+        named = [f"{phase}:{slow}:{delay}:{index}" for index, (phase, slow, delay) in enumerate(specs)]
+        store = launch_watched(Path(tmp), 2, named, width=WIDTH, batch=BATCH, steps=STEPS)
         out = []
-        for index in range(len(specs)):
-            check = wb.watch.watched_job(f"job{index}", store=store).check
+        for index, (phase, slow, _) in enumerate(specs):
+            check = wb.watch.watched_job(f"{phase}-{slow}-{index}", store=store).check
             assert check is not None
             out.append((check.straggler, check.cause, check.step_ms))
         return out

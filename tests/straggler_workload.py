@@ -5,7 +5,13 @@ workload runs everywhere and only that rank is slowed — the truth a straggler 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -82,3 +88,68 @@ def straggler_workload(
         batch_size=batch_size,
         name=f"faulty-{phase or 'none'}",
     )
+
+
+# A user's own DDP loop under `wb.watch`, run by torchrun: each spec `phase:slow:delay_s[:norm]` is one
+# watched job (named `phase-slow[-norm]`), run one after another in one launch so the start-up is paid once.
+WATCHED_JOB = """
+import sys, time, torch, torch.distributed as dist
+sys.path.insert(0, sys.argv[2])
+import workbench as wb
+from straggler_workload import FaultyNet
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+store, width, batch, steps = sys.argv[1], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+for spec in sys.argv[6:]:
+    phase, slow, delay, *flags = spec.split(":")
+    slowed, delay = rank == int(slow), float(delay)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(FaultyNet(phase, int(slow), delay, width, "norm" in flags))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def loader(n):
+        for _ in range(n):
+            if phase == "data" and slowed:
+                time.sleep(delay)
+            yield torch.randn(batch, 64)
+
+    with wb.watch(model, opt, name="-".join([phase, slow, *flags]), store=store, warmup=3, flush_s=0.2) as w:
+        if phase == "optimizer" and slowed:  # after the watch's own hook: inside the optimizer phase
+            opt.register_step_pre_hook(lambda *_: time.sleep(delay))
+        for x in w.batches(loader(steps + 3)):
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            w.step(loss=loss)
+    dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def launch_watched(
+    directory: Path, world: int, specs: list[str], *, width: int = 256, batch: int = 64, steps: int = 21
+) -> Path:
+    """Run the watched jobs `specs` on `world` gloo ranks; returns the run history they wrote."""
+    root = Path(__file__).resolve().parents[1]
+    store, script = directory / "history.db", directory / "job.py"
+    script.write_text(textwrap.dedent(WATCHED_JOB))
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world)]
+    command += [str(script), str(store), str(Path(__file__).parent), str(width), str(batch), str(steps), *specs]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800, cwd=directory)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return store
+
+
+@contextmanager
+def cpu_burners(count: int) -> Iterator[None]:
+    """`count` processes spinning on the CPU for as long as the block runs: a busy host."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()

@@ -7,12 +7,8 @@ Three ranks time-share this 2-core machine: WORKBENCH_CPU_RANKS_MAX lets them ru
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from collections.abc import Iterator
-
 import pytest
-from straggler_workload import straggler_workload
+from straggler_workload import cpu_burners, straggler_workload
 
 from workbench.analysis.diagnose import diagnose
 from workbench.analysis.ranks import straggler_check
@@ -85,20 +81,10 @@ def test_a_straggler_is_named_where_the_others_wait_at_the_forward_s_entry(
     assert 0.8 * DELAY_S * 1000 <= check.late_ms <= 1.5 * DELAY_S * 1000
 
 
-@pytest.fixture
-def burners(request: pytest.FixtureRequest) -> Iterator[None]:
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(request.param)]
-    try:
-        yield
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-
-
-@pytest.mark.parametrize(("world", "burners"), [(2, 0), (3, 0), (2, 0), (2, 1), (2, 2)], indirect=["burners"])
-def test_no_fault_names_no_straggler_even_beside_cpu_burners(world: int, burners: None) -> None:
-    result = trial(None, 0, world)
+@pytest.mark.parametrize(("world", "burners"), [(2, 0), (3, 0), (2, 0), (2, 1), (2, 2)])
+def test_no_fault_names_no_straggler_even_beside_cpu_burners(world: int, burners: int) -> None:
+    with cpu_burners(burners):
+        result = trial(None, 0, world)
     check = straggler_check(result)
     assert check is not None and check.straggler is None, check and check.reasons
     text = diagnose(result).to_text()

@@ -5,69 +5,21 @@ beside CPU burners. One launch runs every job of a world size one after another 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from straggler_workload import PHASES
+from straggler_workload import PHASES, cpu_burners, launch_watched
 
 import workbench as wb
 from workbench.jupyter.sources import list_watched
 
-ROOT = Path(__file__).resolve().parents[1]
 DELAY_S = 0.03
-
-JOB = """
-import sys, time, torch, torch.distributed as dist
-sys.path.insert(0, sys.argv[3])
-import workbench as wb
-from workbench.jupyter.sources import list_watched
-from straggler_workload import FaultyNet
-
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-store, delay = sys.argv[1], float(sys.argv[2])
-for spec in sys.argv[4:]:
-    phase, slow, *flags = spec.split(":")
-    slowed = rank == int(slow)
-    torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(FaultyNet(phase, int(slow), delay, norm="norm" in flags))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-
-    def loader(n):
-        for _ in range(n):
-            if phase == "data" and slowed:
-                time.sleep(delay)
-            yield torch.randn(64, 64)
-
-    with wb.watch(model, opt, name="-".join([phase, slow, *flags]), store=store, warmup=3, flush_s=0.2) as w:
-        if phase == "optimizer" and slowed:  # after the watch's own hook: inside the optimizer phase
-            opt.register_step_pre_hook(lambda *_: time.sleep(delay))
-        for batch in w.batches(loader(24)):
-            loss = model(batch).pow(2).mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            w.step(loss=loss)
-    dist.barrier()
-dist.destroy_process_group()
-"""
 
 
 def launch(tmp_path: Path, world: int, specs: list[str]) -> Path:
-    store = tmp_path / "history.db"
-    script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent(JOB))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "RANK": "", "WORLD_SIZE": ""}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world)]
-    command += [str(script), str(store), str(DELAY_S), str(Path(__file__).parent), *specs]
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return store
+    """Each spec `phase:slow[:norm]` with the test's delay."""
+    timed = [":".join([*spec.split(":")[:2], str(DELAY_S), *spec.split(":")[2:]]) for spec in specs]
+    return launch_watched(tmp_path, world, timed)
 
 
 CASES = {
@@ -104,19 +56,9 @@ def test_a_delayed_phase_on_one_rank_is_named_with_that_phase_and_a_quiet_job_is
         assert fed[0]["launch"]["pace"].startswith("straggler: rank 1 (data loading) — rank 1 arrives")
 
 
-@pytest.fixture
-def two_burners() -> Iterator[None]:
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
-    try:
-        yield
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-
-
-def test_a_quiet_job_beside_cpu_burners_names_no_straggler(tmp_path: Path, two_burners: None) -> None:
-    store = launch(tmp_path, 2, ["none:0", "none:1"])
+def test_a_quiet_job_beside_cpu_burners_names_no_straggler(tmp_path: Path) -> None:
+    with cpu_burners(2):
+        store = launch(tmp_path, 2, ["none:0", "none:1"])
     for name in ("none-0", "none-1"):
         job = wb.watch.watched_job(name, store=store)
         assert job.check is not None and job.straggler is None, job.describe()
