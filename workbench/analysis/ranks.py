@@ -122,7 +122,7 @@ def straggler_check(result: TrialResult) -> StragglerCheck | None:
     if not timeline:
         return None
     ranks = [_rank_steps(item) for item in timeline]
-    loads = [HostLoad(h["busy_cores"], h["ranks_cores"], h["cores"]) for h in info.get("host_load") or []]
+    loads = [HostLoad(h["busy_cores"], h["ranks_cores"], h["cores"], h["host"]) for h in info.get("host_load") or []]
     return check_stragglers(ranks, loads)
 
 

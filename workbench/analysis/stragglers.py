@@ -73,6 +73,7 @@ class HostLoad:
     busy_cores: float
     ranks_cores: float
     cores: int
+    host: str = ""
 
     @property
     def other_cores(self) -> float:
@@ -195,48 +196,60 @@ def check_stragglers(ranks: list[RankSteps], host_loads: list[HostLoad] | None =
         ranks=paces,
         candidate=ranks[best].rank,
     )
-    reasons = check.reasons
     if not measured:
-        reasons.append(
+        check.reasons.append(
             "the synchronization wait was not measured, so lateness is read from data, forward and "
             "optimizer time only: a rank slow in backward is not seen"
         )
+    if _consistent(check, margin, len(ranks)):
+        _blame(check, paces, best, [h for h in host_loads or [] if h.host == ranks[best].host or not h.host])
+    return check
+
+
+def _consistent(check: StragglerCheck, margin: list[float], world: int) -> bool:
+    """Whether the latest rank's margin is large, significant and steady enough to name it (reasons said)."""
+    n, late, reasons = check.steps, check.late_ms, check.reasons
     if n < MIN_STEPS:
         reasons.append(f"only {n} steps seen by every rank (at least {MIN_STEPS} are needed)")
-        return check
+        return False
     blocks = _block_medians(margin)
-    size_ok, test_ok = late >= threshold, p < ALPHA / len(ranks)
     blocks_ok = all(b > 0 for b in blocks)
     reasons.append(
-        f"rank {check.candidate} is latest by a median {late:.2f} ms (threshold {threshold:.2f} ms: "
+        f"rank {check.candidate} is latest by a median {late:.2f} ms (threshold {check.threshold_ms:.2f} ms: "
         f"{MIN_SHARE:.0%} of the step, at least {MIN_MS} ms)"
     )
-    reasons.append(f"latest in {latest} of {n} steps (signed-rank test p={p:.2g}, needs < {ALPHA / len(ranks):.2g})")
+    reasons.append(
+        f"latest in {check.latest_steps} of {n} steps (signed-rank test p={check.p_value:.2g}, "
+        f"needs < {ALPHA / world:.2g})"
+    )
     reasons.append(f"window thirds {'agree' if blocks_ok else 'disagree'} ({', '.join(f'{b:.2f}' for b in blocks)} ms)")
-    if not (size_ok and test_ok and blocks_ok):
-        return check
-    check.cause = _cause(excess, late)
+    return late >= check.threshold_ms and check.p_value < ALPHA / world and blocks_ok
+
+
+def _blame(check: StragglerCheck, paces: list[RankPace], best: int, loads: list[HostLoad]) -> None:
+    """Name the latest rank with its cause — unless its host was busy and the neighbours could be why."""
+    late = check.late_ms
+    check.cause = _cause(check.excess_ms, late)
     check.cpu_wait_excess_ms = _thread_excess(paces, best, "cpu_wait_ms")
     on_core = _thread_excess(paces, best, "cpu_ms")
     if on_core is not None and check.cpu_wait_excess_ms is not None:
         check.off_core_ms = late - max(0.0, on_core) - max(0.0, check.cpu_wait_excess_ms)
     starved = check.cpu_wait_excess_ms is not None and check.cpu_wait_excess_ms >= 0.5 * late
-    busy = next((h for h in host_loads or [] if h.contended), None)
+    busy = next((h for h in loads if h.contended), None)
     if busy is not None and not _own_doing(check, late):
         # Work on a core that others share runs slower even when it never waits in the run queue (a
         # busy hyperthread sibling, memory bandwidth): on a busy host, only a rank late while it was
         # off its core (asleep, or waiting for a disk or its data) is told apart from its neighbours'.
         check.contention = busy
-        reasons.append(
+        check.reasons.append(
             f"the host was busy: other processes kept {busy.other_cores:.1f} of its {busy.cores} cores busy while "
             f"the ranks used {busy.ranks_cores:.1f}, and rank {check.candidate} was late in "
             f"{PHASE_WORDS[check.cause]}, which that contention can cause: no rank is blamed"
         )
-        return check
+        return
     if starved:
         check.cause = "cpu"  # its own threads (loader workers, intra-op threads) outnumber its cores
     check.straggler = check.candidate
-    return check
 
 
 def _own_doing(check: StragglerCheck, late: float) -> bool:

@@ -231,9 +231,12 @@ def _host_loads(runs: list[WatchedRun]) -> list[HostLoad]:
             hosts.setdefault(run.host or "", []).append(cpu)
     return [
         HostLoad(
-            statistics.fmean(c["busy_cores"] for c in cpus), sum(c["own_cores"] for c in cpus), int(cpus[0]["cores"])
+            statistics.fmean(c["busy_cores"] for c in cpus),
+            sum(c["own_cores"] for c in cpus),
+            int(cpus[0]["cores"]),
+            host,
         )
-        for cpus in hosts.values()
+        for host, cpus in hosts.items()
     ]
 
 
