@@ -31,7 +31,10 @@ from workbench.analysis.ranks import straggler_check  # noqa: E402
 from workbench.config import TrainConfig  # noqa: E402
 from workbench.trials import run_trial  # noqa: E402
 
-WIDTH, BATCH, STEPS = 4096, 1024, 16
+WIDTH, BATCH = 4096, 1024
+"""A step of tens of ms here, mostly compute: a 10% delay is a few ms, well above a thread's jitter."""
+TRIAL_STEPS, WATCH_STEPS = 20, 60
+"""A trial's default window; a watched job's recent steps (a real job has hundreds)."""
 
 
 def faults(n: int) -> list[tuple[str, int]]:
@@ -42,7 +45,9 @@ def faults(n: int) -> list[tuple[str, int]]:
 
 def trial_verdict(phase: str | None, slow: int, delay_s: float) -> tuple[int | None, str | None, float]:
     workload = straggler_workload(phase, slow, delay_s, width=WIDTH, batch_size=BATCH)
-    result = run_trial(workload, TrainConfig(strategy="ddp", nproc_per_node=2), warmup=3, steps=STEPS, device="cpu")
+    result = run_trial(
+        workload, TrainConfig(strategy="ddp", nproc_per_node=2), warmup=3, steps=TRIAL_STEPS, device="cpu"
+    )
     if result.status != "ok":
         raise RuntimeError(result.message)
     check = straggler_check(result)
@@ -54,7 +59,7 @@ def watch_verdicts(specs: list[tuple[str, int, float]]) -> list[tuple[int | None
     """Each (phase, slow rank, delay) as one watched job of a single 2-rank launch."""
     with tempfile.TemporaryDirectory() as tmp:
         named = [f"{phase}:{slow}:{delay}:{index}" for index, (phase, slow, delay) in enumerate(specs)]
-        store = launch_watched(Path(tmp), 2, named, width=WIDTH, batch=BATCH, steps=STEPS)
+        store = launch_watched(Path(tmp), 2, named, width=WIDTH, batch=BATCH, steps=WATCH_STEPS)
         out = []
         for index, (phase, slow, _) in enumerate(specs):
             check = wb.watch.watched_job(f"{phase}-{slow}-{index}", store=store).check
