@@ -17,6 +17,7 @@ import pytest
 import torch
 from torch import nn
 
+from workbench.analysis.diagnose import diagnose
 from workbench.config import TrainConfig
 from workbench.measure.compile_words import break_words, guard_words
 from workbench.measure.result import TrialResult
@@ -75,15 +76,19 @@ def _trial(model: type[nn.Module], config: TrainConfig = EAGER, batch_fn: Any = 
 
 
 @pytest.fixture(scope="module")
-def reports() -> dict[str, dict[str, Any]]:
+def results() -> dict[str, TrialResult]:
     """One compiled trial per model (each trial starts from a reset dynamo, as a fresh worker)."""
     found = {}
     for model in (Clean, ExplicitBreak, ItemBranch):
         result = _trial(model)
         assert result.ok, result.message
-        assert result.compile_report is not None
-        found[model.__name__] = result.compile_report
+        found[model.__name__] = result
     return found
+
+
+@pytest.fixture(scope="module")
+def reports(results: dict[str, TrialResult]) -> dict[str, dict[str, Any]]:
+    return {name: result.compile_report or {} for name, result in results.items()}
 
 
 def test_one_explicit_break_is_counted_at_its_line_in_this_file(reports: dict[str, dict[str, Any]]) -> None:
@@ -119,7 +124,7 @@ def test_break_counts_equal_torch_dynamo_explain(model: type[nn.Module], reports
     assert {b["where"] for b in report["breaks"]} == lines
 
 
-def test_a_batch_that_changes_size_every_step_recompiles_for_its_size() -> None:
+def test_a_batch_that_changes_size_every_step_recompiles_and_the_advice_stops_it() -> None:
     result = _trial(Clean, batch_fn=_growing_batch)
     assert result.ok, result.message
     recompiles = (result.compile_report or {})["recompiles"]
@@ -128,6 +133,25 @@ def test_a_batch_that_changes_size_every_step_recompiles_for_its_size() -> None:
     assert first["kind"] == "size" and first["words"].startswith("dim 0 of `")
     assert "changed 2 → 3" in first["words"]  # batch 0 has 2 rows, batch 1 has 3
     assert "mark_dynamic" in first["fix"] and "dynamic=True" in first["fix"]
+
+    finding = next(f for f in diagnose(result).findings if f.title == "Recompiles")
+    assert finding.summary.startswith("recompiling on every new input shape") and "changed 2 → 3" in finding.summary
+    fix = finding.recommendations[0]
+    assert fix.changes == {"compile_dynamic": True}
+    # The independent check of the advice: applied, the same batches compile once.
+    fixed = _trial(Clean, fix.apply(EAGER), batch_fn=_growing_batch)
+    assert fixed.ok and (fixed.compile_report or {})["recompiles"] == []
+
+
+def test_the_diagnosis_names_the_break_its_line_and_the_code_change(results: dict[str, TrialResult]) -> None:
+    line = _line_of(ItemBranch, "the break under test")
+    finding = next(f for f in diagnose(results["ItemBranch"]).findings if f.title == "Graph breaks")
+    assert finding.kind == "compile" and finding.severity == "bottleneck"
+    assert f"the first at test_compile_report.py:{line}" in finding.summary and "data-dependent" in finding.summary
+    advice = finding.recommendations[0]
+    assert not advice.actionable and advice.title == f"Remove the graph break at test_compile_report.py:{line}"
+    assert "torch.where" in advice.why
+    assert not [f for f in diagnose(results["Clean"]).findings if f.kind == "compile"]
 
 
 def test_fullgraph_names_the_break_and_its_line_instead_of_a_traceback() -> None:

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from workbench.analysis.advice import Recommendation
 
-Kind = Literal["data", "overhead", "sync", "compute", "memory-bandwidth", "memory", "distributed", "threads"]
+Kind = Literal["data", "overhead", "sync", "compute", "memory-bandwidth", "memory", "distributed", "threads", "compile"]
 Severity = Literal["bottleneck", "info"]
 
 

@@ -38,7 +38,8 @@ class CompileReport:
     """One per break site: reason (PyTorch's type), explanation, hints, url, registry_id,
     reason_class, where ('file:line' in the user's code), function, code (that line)."""
     recompiles: list[dict[str, Any]] = field(default_factory=list)
-    """One per recompile: words (the failed guard), kind, fix, guard (dynamo's text), where, function."""
+    """One per recompile: words (the failed guard), kind, fix, guard (dynamo's text), where, function,
+    started_at (time.time() seconds: inside the timed window, it inflated a step time)."""
     stages_s: dict[str, float] = field(default_factory=dict)
     """Compile seconds by stage, where the records have them: dynamo (tracing), aot_autograd,
     inductor, backward (compiled at the first backward), total."""
@@ -193,6 +194,7 @@ def _recompile(record: Any) -> dict[str, Any]:
         "kind": words.kind,
         "fix": words.fix,
         "guard": guard.strip().splitlines()[0],
+        "started_at": (_start_us(record) or 0.0) / 1e6,  # time.time() seconds, as TrialResult.timed_window
         "where": f"{getattr(record, 'co_filename', '?')}:{getattr(record, 'co_firstlineno', 0)}",
         "function": getattr(record, "co_name", "?"),
     }

@@ -8,11 +8,24 @@ where one detector reads another's finding, for ties, and for the order of the n
    for its data.
 8. utilization after data, overhead and ranks: it corroborates their findings (or, where they
    made none, makes its own), so it must see them, pruned.
+9-10. graph breaks and recompiles read only the compile report; last, so the notes of the
+   detectors above keep their order.
 """
 
 from __future__ import annotations
 
-from workbench.analysis.detectors import data, kernels, memory, overhead, ranks, syncs, threads, utilization
+from workbench.analysis.detectors import (
+    data,
+    graph_breaks,
+    kernels,
+    memory,
+    overhead,
+    ranks,
+    recompiles,
+    syncs,
+    threads,
+    utilization,
+)
 from workbench.analysis.detectors.base import Detector
 
 DETECTORS: tuple[Detector, ...] = (
@@ -24,6 +37,8 @@ DETECTORS: tuple[Detector, ...] = (
     kernels.DETECTOR,
     ranks.DETECTOR,
     utilization.DETECTOR,
+    graph_breaks.DETECTOR,
+    recompiles.DETECTOR,
 )
 
 
