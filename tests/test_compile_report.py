@@ -122,6 +122,8 @@ def test_break_counts_equal_torch_dynamo_explain(model: type[nn.Module], reports
     assert len(report["breaks"]) == len(explained.break_reasons)
     lines = {f"{r.user_stack[-1].filename}:{r.user_stack[-1].lineno}" for r in explained.break_reasons}
     assert {b["where"] for b in report["breaks"]} == lines
+    if model is not ItemBranch:  # its graph after the branch is empty or not by the sign of the batch's mean
+        assert report["graphs"] == explained.graph_count
 
 
 def test_a_batch_that_changes_size_every_step_recompiles_and_the_advice_stops_it() -> None:
@@ -216,3 +218,30 @@ def test_a_torch_without_the_records_gets_a_note_not_an_error(monkeypatch: pytes
     bare = watch.report()
     assert not bare.available and bare.breaks == [] and "get_compilation_metrics" in bare.note
     torch._dynamo.reset()
+
+
+def item_branch_workload() -> Workload:
+    """For the CLI tests: 'test_compile_report:item_branch_workload' (importable under pytest)."""
+    return Workload.from_callables(ItemBranch, _loss, batch_fn=_batch, batch_size=4)
+
+
+CLI_EAGER = ["--set", "compile=default", "--set", "compile_backend=eager", "--steps", "2", "--warmup", "2"]
+
+
+def test_cli_run_prints_the_report_and_diagnose_json_carries_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """In a worker process, as users run it: the report is collected there and travels back."""
+    from workbench.cli import main
+
+    line = f"test_compile_report.py:{_line_of(ItemBranch, 'the break under test')}"
+    assert (
+        main(["run", "--workload", "test_compile_report:item_branch_workload", *CLI_EAGER, "--quiet", "--no-store"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "1 graph break(s)" in out and line in out and "[data-dependent]" in out
+
+    assert main(["diagnose", "--workload", "test_compile_report:item_branch_workload", *CLI_EAGER, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["result"]["compile_report"]["breaks"][0]["where"].endswith(line)
+    graph_breaks = next(f for f in data["diagnosis"]["findings"] if f["title"] == "Graph breaks")
+    assert line in graph_breaks["summary"] and graph_breaks["recommendations"][0]["actionable"] is False

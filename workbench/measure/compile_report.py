@@ -33,7 +33,8 @@ class CompileReport:
     frames: int = 0
     """Python frames dynamo compiled (a resumed frame after a break and every recompile count)."""
     graphs: int = 0
-    """Graphs captured: compiled frames that produced a graph with operations."""
+    """Graphs captured: frames whose first compile produced a graph with operations (a recompile
+    captures one of them again; `torch._dynamo.explain`'s graph_count counts the same)."""
     breaks: list[dict[str, Any]] = field(default_factory=list)
     """One per break site: reason (PyTorch's type), explanation, hints, url, registry_id,
     reason_class, where ('file:line' in the user's code), function, code (that line)."""
@@ -75,7 +76,9 @@ class CompileWatch:
         report = CompileReport(True, self.torch_version)
         forward = [r for r in records if getattr(r, "co_name", None)]
         report.frames = len(forward)
-        report.graphs = sum(1 for r in forward if (getattr(r, "graph_op_count", None) or 0) > 0)
+        # A recompile ('1/1') captures a graph again: graphs count each frame's first capture ('1/0').
+        first = [r for r in forward if str(getattr(r, "compile_id", None) or "0/0").endswith("/0")]
+        report.graphs = sum(1 for r in first if (getattr(r, "graph_op_count", None) or 0) > 0)
         reasons = _break_reasons()
         if reasons is not None:
             report.breaks = _breaks_from_reasons(reasons[self.breaks_before :])
