@@ -51,6 +51,17 @@ class ItemBranch(Clean):
         return self.b(torch.relu(h))
 
 
+class PrintInHelper(Clean):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        _report_shape(h)
+        return self.b(h)
+
+
+def _report_shape(h: torch.Tensor) -> None:
+    print("hidden", tuple(h.shape))  # the break under test: inside a helper, one frame down
+
+
 def _line_of(cls: type, marker: str) -> int:
     """The line in this file that holds `marker` inside `cls` (an independent truth for file:line)."""
     lines, first = inspect.getsourcelines(cls)
@@ -79,7 +90,7 @@ def _trial(model: type[nn.Module], config: TrainConfig = EAGER, batch_fn: Any = 
 def results() -> dict[str, TrialResult]:
     """One compiled trial per model (each trial starts from a reset dynamo, as a fresh worker)."""
     found = {}
-    for model in (Clean, ExplicitBreak, ItemBranch):
+    for model in (Clean, ExplicitBreak, ItemBranch, PrintInHelper):
         result = _trial(model)
         assert result.ok, result.message
         found[model.__name__] = result
@@ -114,7 +125,13 @@ def test_an_item_branch_is_a_data_dependent_break_at_its_line(reports: dict[str,
     assert ".item()" in breaks[0]["reason"]
 
 
-@pytest.mark.parametrize("model", [Clean, ExplicitBreak, ItemBranch])
+def test_a_print_in_a_helper_is_placed_at_the_print_not_at_the_call(reports: dict[str, dict[str, Any]]) -> None:
+    (brk,) = reports["PrintInHelper"]["breaks"]
+    assert brk["reason_class"] == "print/logging" and brk["function"] == "_report_shape"
+    assert brk["where"] == f"{__file__}:{_line_of(_report_shape, 'the break under test')}"
+
+
+@pytest.mark.parametrize("model", [Clean, ExplicitBreak, ItemBranch, PrintInHelper])
 def test_break_counts_equal_torch_dynamo_explain(model: type[nn.Module], reports: dict[str, dict[str, Any]]) -> None:
     torch.manual_seed(0)
     explained = torch._dynamo.explain(model())(torch.randn(4, 8))

@@ -233,18 +233,19 @@ def _stages(records: list[Any]) -> dict[str, float]:
 def fullgraph_failure(exc: BaseException) -> str | None:
     """A trial error naming the break that `fullgraph=True` refused, with its place in the user's
     code; None when `exc` is not dynamo refusing to trace."""
-    try:
-        from torch._dynamo.exc import TorchDynamoException
-    except ImportError:
-        return None
-    if not isinstance(exc, TorchDynamoException):
+    import torch._dynamo.exc as dynamo_exc
+
+    # Unsupported: a break fullgraph refuses; UserError: a guard on a data-dependent value. A backend
+    # that failed to compile is another story, told by its own traceback.
+    refusals = tuple(t for t in (getattr(dynamo_exc, "Unsupported", None), getattr(dynamo_exc, "UserError", None)) if t)
+    if not refusals or not isinstance(exc, refusals):
         return None
     stack = list(getattr(exc, "real_stack", None) or [])
     frame = user_frame(stack)
     where = f"{frame.filename}:{frame.lineno}" if frame is not None else "an unknown line"
     text = str(getattr(exc, "msg", None) or exc)
     words = break_words(text)
-    gb_type = getattr(exc, "gb_type", None) or words.gb_type
+    gb_type = getattr(exc, "gb_type", None) or f"{type(exc).__name__}: {words.gb_type}"
     code = f" (`{frame.line.strip()}`)" if frame is not None and getattr(frame, "line", None) else ""
     hint = f" Hint: {words.hints[0]}" if words.hints else ""
     link = f" See {words.url}" if words.url else ""
