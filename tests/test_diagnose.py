@@ -388,3 +388,27 @@ def test_threads_within_the_cores_and_unrecorded_threads_give_no_finding() -> No
     unrecorded = _cpu_result(4, cores=2)
     unrecorded.applied = []
     assert "threads" not in diagnose(unrecorded).kinds()
+
+
+def test_every_finding_comes_from_one_registered_detector_module() -> None:
+    # The registry is the one list diagnose iterates: each entry names what it reads and finds.
+    from workbench.analysis.detectors.registry import DETECTORS, detector
+
+    names = [d.name for d in DETECTORS]
+    assert names[:8] == ["data", "overhead", "syncs", "memory", "threads", "kernels", "ranks", "utilization"]
+    assert len(set(names)) == len(names) and all(d.reads for d in DETECTORS)
+    assert detector("ranks") is DETECTORS[6]
+
+
+def test_the_old_advice_paths_still_import_with_a_warning() -> None:
+    import importlib
+    import sys
+
+    from workbench.analysis.detectors.data import for_data
+
+    for old in ("workbench.analysis.recommend", "workbench.analysis.diagnose_utilization"):
+        sys.modules.pop(old, None)
+        with pytest.warns(DeprecationWarning, match="is deprecated"):
+            module = importlib.import_module(old)
+        assert module.__name__ == old
+    assert sys.modules["workbench.analysis.recommend"].for_data is for_data

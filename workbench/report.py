@@ -35,12 +35,36 @@ def run_summary(result: TrialResult, verbose: bool = False) -> str:
         if result.losses
         else "loss            n/a",
     ]
+    lines += compile_lines(result.compile_report)
     lines += utilization_lines(result)
     if result.applied:
         lines.append(
             "applied         " + "; ".join(f"{a['toggle']}={a['value']}: {a['detail']}" for a in result.applied)
         )
     return "\n".join(lines)
+
+
+def compile_lines(report: dict[str, Any] | None, sites: int = 3) -> list[str]:
+    """The compile report in a few lines: counts and stage times, then the first break and
+    recompile sites with their file:line (the diagnosis says what to do about them)."""
+    if not report:
+        return []
+    if not report.get("available"):
+        return [f"compile         report {report.get('note') or 'not available'}"]
+    breaks, recompiles = report.get("breaks") or [], report.get("recompiles") or []
+    stages = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in (report.get("stages_s") or {}).items())
+    lines = [
+        f"compile         {report.get('graphs', 0)} graph(s), {len(breaks)} graph break(s), "
+        f"{len(recompiles)} recompile(s)" + (f"; {stages}" if stages else "")
+    ]
+    for brk in breaks[:sites]:
+        code = f" `{brk['code']}`" if brk.get("code") else ""
+        lines.append(f"  break at {brk['where']}{code}: {brk['reason']} [{brk['reason_class']}]")
+    for event in recompiles[:sites]:
+        lines.append(f"  recompile of {event['function']} ({event['where']}): {event['words']}")
+    if report.get("note"):
+        lines.append(f"  note: {report['note']}")
+    return lines
 
 
 def comparison_table(outcome: ComparisonRun) -> str:

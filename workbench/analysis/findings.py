@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from workbench.analysis.recommend import Recommendation
+from workbench.analysis.advice import Recommendation
 
-Kind = Literal["data", "overhead", "sync", "compute", "memory-bandwidth", "memory", "distributed", "threads"]
+Kind = Literal["data", "overhead", "sync", "compute", "memory-bandwidth", "memory", "distributed", "threads", "compile"]
 Severity = Literal["bottleneck", "info"]
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from workbench.analysis.advice import Recommendation
 from workbench.analysis.findings import Finding
-from workbench.analysis.recommend import Recommendation
 from workbench.analysis.stragglers import PHASE_WORDS, HostLoad, RankSteps, StragglerCheck, check_stragglers
 from workbench.measure.result import TrialResult
 

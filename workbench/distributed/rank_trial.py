@@ -25,6 +25,7 @@ from workbench.distributed.overlap import comm_profile, intervals_from_events
 from workbench.distributed.sharding import shard_workload
 from workbench.distributed.stats import summarize_ranks
 from workbench.levers.build import TrainStep, build
+from workbench.measure.compile_report import CompileWatch
 from workbench.measure.events import EventSink, TrialFinished, TrialStarted
 from workbench.measure.outcome import start_result
 from workbench.measure.request import TrialRequest
@@ -77,6 +78,7 @@ def run_rank_trial(request: TrialRequest, ctx: RankContext, *, emit: EventSink, 
                       f"{ctx.world_size}x{ctx.device}"))  # fmt: skip
     progress(-1, "setup")  # each stretch of set-up reports, so only a real hang looks silent
     started = time.perf_counter()
+    watch = CompileWatch() if config.compile != "off" else None  # a fresh process: its compiles are this trial's
     train_step = build(local_wl, local_config, ctx.device, checked=request.checked)
     result.applied = [{"toggle": a.toggle, "value": a.value, "detail": a.detail} for a in train_step.applied]
     batches = local_wl.batches(local_config)
@@ -84,6 +86,8 @@ def run_rank_trial(request: TrialRequest, ctx: RankContext, *, emit: EventSink, 
     losses = LossLog(ctx.device, request.warmup, request.steps, reduce=lambda loss: _world_mean(loss, ctx, waits))
     run_window(train_step, batches, result, emit, losses, on_phase=_noting_phases(progress, waits, queue))
     waits.close()
+    if watch is not None:  # each rank compiles alike; rank 0's report is the one its result returns
+        result.compile_report = watch.report().to_dict()
     local: dict[str, Any] = {"rank": ctx.rank, "host": socket.gethostname(), "step_ms": list(result.step_ms)}
     local["warmup_step_ms"] = list(result.warmup_step_ms)
     local["peak_memory_bytes"] = result.peak_memory_bytes

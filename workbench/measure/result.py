@@ -57,6 +57,10 @@ class TrialResult:
     compile_cache: str | None = None
     """What the compile found in Inductor's on-disk cache: 'cold', 'warm' or 'partly warm (...)';
     None when nothing was compiled through it. A warm compile is far faster than a cold one."""
+    compile_report: dict[str, Any] | None = None
+    """A compiled trial's compile report (`measure.compile_report.CompileReport.to_dict()`): graphs,
+    graph breaks with their reason and the user's file:line, recompiles with the failed guard, and
+    compile time by stage; None when nothing was compiled (or for results stored before it existed)."""
     started_at: float = 0.0
     wall_time_s: float = 0.0
     diverged_step: int | None = None

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.config import ConfigError, TrainConfig
 from workbench.measure.compile_cache import cache_counts, cache_state
+from workbench.measure.compile_report import CompileWatch, fullgraph_failure, reset_compiler
 from workbench.measure.events import EventSink, TrialFinished, TrialStarted
 from workbench.measure.memory import track_step_memory
 from workbench.measure.outcome import start_result, status_of
@@ -56,9 +57,13 @@ def run_trial_inline(
     result = start_result(uuid.uuid4().hex[:12], request, wl, dev)
     emit(TrialStarted(result.trial_id, wl.describe(), result.config, request.warmup, request.steps, str(dev)))
     started = time.perf_counter()
+    watch: CompileWatch | None = None
     try:
         _check_cancel(cancel)
         cache_before = cache_counts() if config.compile != "off" else None
+        if config.compile != "off":
+            reset_compiler()  # the report and the compile time are this trial's, as in a fresh worker
+            watch = CompileWatch()
         train_step = build(wl, config, dev, checked=True)
         result.applied = [{"toggle": a.toggle, "value": a.value, "detail": a.detail} for a in train_step.applied]
         batches = wl.batches(config)
@@ -76,6 +81,11 @@ def run_trial_inline(
         result.status, result.message = "cancelled", "cancelled by the caller"
     except Exception as exc:  # the user's model may raise anything; report it, keep the caller alive
         result.status, result.message = status_of(exc)
+        refused = fullgraph_failure(exc) if config.compile_fullgraph else None
+        if refused is not None:  # the break and its line, not dynamo's traceback
+            result.message = refused
+    if watch is not None:
+        result.compile_report = watch.report().to_dict()
     result.wall_time_s = time.perf_counter() - started
     emit(TrialFinished(result.trial_id, result))
     return result

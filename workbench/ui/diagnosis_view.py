@@ -19,9 +19,9 @@ from bokeh.layouts import row
 from bokeh.models import ColumnDataSource, FactorRange, HoverTool
 from bokeh.plotting import figure
 
+from workbench.analysis.advice import Recommendation
 from workbench.analysis.diagnose import Diagnosis, diagnose_trial
 from workbench.analysis.memory_breakdown import MemoryRow, category_rows, module_rows
-from workbench.analysis.recommend import Recommendation
 from workbench.config import ConfigError, TrainConfig
 from workbench.measure.result import TrialResult
 from workbench.ui.bokeh_view import BokehView
