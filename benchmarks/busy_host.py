@@ -36,8 +36,12 @@ from workbench.measure import RoundMeasured
 from workbench.protocol import Protocol
 
 WORKLOAD = "bev-perception"
-CPU_BURNER = "while True: pass"
-MEMBW_BURNER = "import numpy as np\na = np.ones(8 << 20); b = np.empty_like(a)\nwhile True: np.copyto(b, a)"
+# Each burner ends by itself once its parent (this benchmark) is gone, even if it was killed.
+CPU_BURNER = "import os\nparent = os.getppid()\nwhile os.getppid() == parent: pass"
+MEMBW_BURNER = (
+    "import os\nimport numpy as np\na = np.ones(8 << 20); b = np.empty_like(a)\nparent = os.getppid()\n"
+    "while os.getppid() == parent: np.copyto(b, a)"
+)
 
 #: pattern -> [(start s, stop s, burners, code)], seconds after the first paired round's end
 #: (a negative start: from before the comparison begins).

@@ -16,6 +16,8 @@ and 0.95.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -25,7 +27,9 @@ from workbench.analysis.intervals import verdict_for
 from workbench.analysis.numerics import check_numerics
 from workbench.config import TrainConfig
 from workbench.measure import TrialResult
+from workbench.protocol.compare import ComparisonRun
 from workbench.protocol.rounds import mean_load, mirrored_order
+from workbench.report import comparison_table, verdict_text
 
 ROUNDS = 20
 SIMULATIONS = 300
@@ -140,6 +144,30 @@ def test_a_load_step_halfway_withholds_the_verdict_and_says_so() -> None:
     change = comp.noise.load_changes[0]
     assert change["round"] == row.load_changed_rounds[0] and change["candidate_cores"] >= 0.0
     assert any("the host's load changed" in w for w in comp.noise.warnings)
+    # Where users look: the CLI's table (the app's verdict column prints the same words) and the JSON.
+    outcome = ComparisonRun(comp, [fake], [[fake]], log)
+    assert "inconclusive: the host's load changed during the comparison" in comparison_table(outcome)
+    data = json.loads(json.dumps(outcome.to_dict()))
+    assert data["candidates"][0]["load_changed_rounds"] == row.load_changed_rounds
+    assert data["candidates"][0]["verdict"] == "inconclusive" and data["candidates"][0]["verdict_note"]
+    assert data["noise"]["load_changes"][0]["round"] == row.load_changed_rounds[0]
+
+
+def test_a_verdict_from_the_rounds_left_says_how_many_were_set_aside() -> None:
+    rng = np.random.default_rng(5)
+    log = UnitLog()
+    for r in range(12):
+        shared = rng.normal(0.0, 0.02)
+        busy = r == 4  # other work during the candidate's blocks of round 4 only: 3x slower there
+        log.add(0, r, [100.0 * np.exp(shared + rng.normal(0, 0.01))], (0.02, 0.01))
+        log.add(
+            1, r, [110.0 * (3.0 if busy else 1.0) * np.exp(shared + rng.normal(0, 0.01))], (1.0 if busy else 0.03, None)
+        )
+    fake = TrialResult(trial_id="t", status="ok", workload="w", config=TrainConfig().to_dict(), step_ms=[100.0])
+    comp = compare_units([summarize([fake])] * 2, [check_numerics(fake, fake)], log, paired=True, design="paired")
+    row = comp.candidates[0]
+    assert row.verdict == "slower" and row.load_changed_rounds == [4] and row.units == 11
+    assert verdict_text(row) == "slower (1 round set aside: the host's load changed)"
 
 
 def test_the_rule_reads_loads_only() -> None:

@@ -87,7 +87,8 @@ class CandidateComparison:
     """Paired rounds in which the host's load changed (`analysis.hostshift`): set aside from the
     interval; when too many, the verdict is "inconclusive"."""
     verdict_note: str = ""
-    """Why the verdict is what it is where the numbers alone do not say (e.g. the host's load changed)."""
+    """Why the verdict was withheld where the numbers alone do not say ('' when it was not): "the
+    host's load changed during the comparison, N of M rounds affected"."""
 
     @property
     def numerics_ok(self) -> bool | None:
@@ -325,7 +326,7 @@ def _row(
             diff,
             utilization_delta=utilization_delta(base.utilization, cand.utilization),
             load_changed_rounds=moved.rounds,
-            verdict_note=moved.note(),
+            verdict_note=moved.note() if moved.withheld else "",
         )
     return CandidateComparison(
         summary=cand,
@@ -344,7 +345,7 @@ def _row(
         rounds_needed=rounds_needed(est, precision, confidence) if precision else None,
         utilization_delta=utilization_delta(base.utilization, cand.utilization),
         load_changed_rounds=moved.rounds,
-        verdict_note=moved.note(),
+        verdict_note=moved.note() if moved.withheld else "",
     )
 
 
@@ -429,9 +430,11 @@ def _with_load_changes(noise: Noise, log: UnitLog, candidates: int) -> Noise:
         noise.load_changes.append(change)
     most = max(max(c["baseline_cores"], c["candidate_cores"]) for c in noise.load_changes)
     withheld = any(m.withheld for m in moved)
+    times = [c["at_s"] for c in noise.load_changes if c["at_s"] is not None]
+    when = f", {min(times):.0f}–{max(times):.0f} s in" if times else ""
     noise.warnings.append(
         f"the host's load changed during the comparison: in {len(rounds)} of {max(m.measured for m in moved)} "
-        f"rounds ({_spans(rounds)}) other work used up to {most:.1f} cores against the usual "
+        f"rounds ({_spans(rounds)}{when}) other work used up to {most:.1f} cores against the usual "
         f"{noise.usual_load_cores:.1f}; "
         + ("too many to trust the rest: verdict withheld (inconclusive)" if withheld else "those rounds are set aside")
     )

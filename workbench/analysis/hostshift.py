@@ -56,11 +56,18 @@ class LoadShift:
 
 
 def unit_load(load: Load | None) -> float | None:
-    """One number per unit, in cores: the larger of its two figures (either is evidence of other work)."""
+    """One number per unit, in cores: the smaller of its two figures, where both are known.
+
+    The load that matters is other work that took cores our threads wanted, and each figure alone
+    overstates it somewhere: other processes' cores count a load that a step spent sleeping or
+    waiting on a GPU never felt (a sleep-bound test workload read 1 other core and no change in
+    its steps), and our threads' waiting counts a configuration whose own threads outnumber the
+    cores. Where both are high, both happened; a CPU-bound step here read them alike (0.86
+    against 0.90, 1.34 against 1.16 cores under one burner)."""
     if load is None:
         return None
     known = [value for value in load if value is not None]
-    return max(known) if known else None
+    return min(known) if known else None
 
 
 def load_shift(first: Mapping[int, Load], second: Mapping[int, Load], rounds: list[int]) -> LoadShift:

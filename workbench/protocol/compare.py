@@ -56,6 +56,8 @@ class ComparisonRun:
                 repeat_trial_ids=row.summary.trial_ids,
                 utilization_summary=row.summary.utilization,
                 utilization_delta=row.utilization_delta,
+                load_changed_rounds=row.load_changed_rounds,
+                verdict_note=row.verdict_note,
             )
             candidates.append(item)
         baseline = self.baseline_runs[0].to_dict()
@@ -171,7 +173,8 @@ def _attach(history: Any, comparison: Comparison, runs: list[list[TrialResult]])
     figures: list[dict[str, Any]] = [{"role": "baseline", **common}]
     for row in comparison.candidates:
         figures.append({"role": "candidate", "speedup": row.speedup, "speedup_ci": row.speedup_ci,
-                        "verdict": row.verdict, "units": row.units, "half_width": row.half_width, **common})  # fmt: skip
+                        "verdict": row.verdict, "units": row.units, "half_width": row.half_width,
+                        "load_changed_rounds": row.load_changed_rounds, "verdict_note": row.verdict_note, **common})  # fmt: skip
     for config_runs, data in zip(runs, figures):
         for result in config_runs:
             result.comparison = data

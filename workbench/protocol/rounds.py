@@ -55,10 +55,11 @@ def mirrored_order(members: Sequence[int], number: int) -> list[list[int]]:
     and round) the rounds of one order read 1.04–1.09 and those of the other 0.94–0.96: the
     block that opens a round ran ~5% slower than the one after it, and a round's ratio carried
     that whole effect, its sign set by the order; rounds of one order came three in a row (one
-    per worker), so neighbouring rounds were not independent, and the interval too narrow. Mirrored, each
-    configuration holds one early and one late position in every round: a first-in-line effect
-    shrinks to half and changes sign from round to round, and a load that rises or falls
-    steadily through the round is cancelled outright (its effect on B C equals that on C B)."""
+    per worker), so neighbouring rounds were not independent, and the interval too narrow.
+    Mirrored, each configuration holds one early and one late position in every round: a
+    first-in-line effect shrinks to half and changes sign from round to round, and a load that
+    rises or falls steadily through the round is cancelled outright (its effect on B C equals
+    that on C B)."""
     first = round_order(members, number)
     return [first, list(reversed(first))]
 
@@ -243,7 +244,7 @@ class Rounds:
                                     p.budget_s))  # fmt: skip
 
     def _half_widths(self, ok: list[int]) -> dict[int, float | None]:
-        from workbench.analysis.compare import estimate
+        from workbench.analysis.compare import estimate, shift
 
         paired = self.design == "paired"
         widths: dict[int, float | None] = {}
@@ -252,6 +253,10 @@ class Rounds:
                 continue
             est = estimate(self.log, 0, index, paired=paired, confidence=self.protocol.confidence)
             widths[index] = est.half_width if est is not None else None
+            if paired and shift(self.log, 0, index).withheld:
+                # Not known yet, however narrow: quiet rounds to come may bring the affected share
+                # back under the line, so the rounds go on while the budget lasts.
+                widths[index] = None
         return widths
 
 
