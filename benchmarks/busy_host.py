@@ -28,7 +28,8 @@ import sys
 import threading
 import time
 
-from workbench.analysis.compare import estimate
+from workbench.analysis.compare import UnitLog, estimate
+from workbench.analysis.hostshift import unit_load
 from workbench.analysis.intervals import verdict_for
 from workbench.api import run_comparison
 from workbench.config import TrainConfig
@@ -127,6 +128,7 @@ def one(pattern: str, protocol: Protocol) -> dict:
     every = estimate(outcome.log, 0, 1, paired=comp.paired, confidence=comp.confidence, set_aside=False)
     kept_all = verdict_for(every, comp.equivalence_margin, comp.precision) if every is not None else "inconclusive"
     return {
+        "rounds_detail": _rounds(outcome.log) if row.verdict in ("faster", "slower") else [],
         "pattern": pattern,
         "verdict": row.verdict,
         "all_rounds": kept_all,
@@ -140,6 +142,17 @@ def one(pattern: str, protocol: Protocol) -> dict:
         "other": comp.noise.host_other_cores,
         "seconds": time.perf_counter() - began,
     }
+
+
+def _rounds(log: UnitLog) -> list[str]:
+    """Each round's ratio and both sides' loads: printed under a false verdict, to see how it arose."""
+    lines = []
+    for r in sorted(set(log.medians.get(0, {})) & set(log.medians.get(1, {}))):
+        ratio = log.medians[0][r] / log.medians[1][r]
+        loads = [unit_load(log.loads.get(config, {}).get(r)) for config in (0, 1)]
+        shown = ", ".join("n/a" if x is None else f"{x:.2f}" for x in loads)
+        lines.append(f"round {r} at {log.began_s.get(r, 0.0):.1f} s: ratio {ratio:.3f}, loads {shown}")
+    return lines
 
 
 def fmt(r: dict) -> str:
@@ -171,6 +184,8 @@ def main() -> None:
         for pattern in patterns:
             results[pattern].append(one(pattern, protocol))
             print(f"{i + 1}/{args.n} {fmt(results[pattern][-1])}", flush=True)
+            for line in results[pattern][-1]["rounds_detail"]:
+                print(f"      {line}", flush=True)
     print("\nfalse A/A verdicts per pattern (target <= 1 in 10); with every round kept; inconclusive")
     for pattern, rows in results.items():
         false = sum(r["verdict"] in ("faster", "slower") for r in rows)
