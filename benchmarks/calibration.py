@@ -74,6 +74,11 @@ def main() -> None:
     if gaps:
         print(f"paired workers: {aa[0]['workers']}; gap between their median ratios: median {statistics.median(gaps):.1%}, "
               f"max {max(gaps):.1%} (what one worker alone would have called an effect)")  # fmt: skip
+    aside = [r["aside"] for r in aa + ab]
+    print(
+        f"rounds set aside because the host's load changed: {sum(aside)} in {sum(x > 0 for x in aside)} of "
+        f"{len(aside)} comparisons (a quiet host sets aside none)"
+    )
     print(f"rounds per comparison: median {statistics.median(r['rounds'] for r in aa + ab):.0f}; host busy (other "
           f"cores) median {statistics.median(r['other'] or 0.0 for r in aa + ab):.2f}")  # fmt: skip
 
@@ -90,13 +95,14 @@ def _one(base: TrainConfig, cand: TrainConfig, protocol: Protocol, preset: str, 
     return {"verdict": row.verdict, "speedup": row.speedup, "ci": row.speedup_ci, "truth": truth, "covers": covers,
             "seconds": seconds, "rounds": comp.rounds, "other": comp.noise.host_other_cores,
             "half_width": row.half_width, "design": comp.design, "workers": comp.paired_workers,
-            "between_workers": comp.noise.between_workers}  # fmt: skip
+            "between_workers": comp.noise.between_workers, "aside": len(row.load_changed_rounds)}  # fmt: skip
 
 
 def _fmt(r: dict) -> str:
     ci = f"[{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]" if r["ci"] else "n/a"
     speedup = f"{r['speedup']:.3f}" if r["speedup"] is not None else "n/a (a trial failed)"
-    return f"{speedup} {ci} {r['verdict']} ({r['rounds']} rounds, {r['seconds']:.0f} s, truth {r['truth']:.3f})"
+    aside = f", {r['aside']} set aside" if r["aside"] else ""
+    return f"{speedup} {ci} {r['verdict']} ({r['rounds']} rounds{aside}, {r['seconds']:.0f} s, truth {r['truth']:.3f})"
 
 
 if __name__ == "__main__":

@@ -95,9 +95,19 @@ def comparison_table(outcome: ComparisonRun) -> str:
 
 
 def verdict_text(row: CandidateComparison) -> str:
-    """The verdict, with what an inconclusive one needs: the CLI and the app print the same words."""
-    if row.verdict != "inconclusive":
-        return row.verdict
+    """The verdict, with what an inconclusive one needs and the rounds a change in the host's load
+    cost it: the CLI and the app print the same words."""
+    if row.verdict_note:  # withheld: the host's load changed too often to trust the other rounds
+        return f"inconclusive: {row.verdict_note}"
+    text = _inconclusive_text(row) if row.verdict == "inconclusive" else row.verdict
+    if row.load_changed_rounds and row.verdict != "failed":
+        count = len(row.load_changed_rounds)
+        text += f" ({count} round{'s' if count > 1 else ''} set aside: the host's load changed)"
+    return text
+
+
+def _inconclusive_text(row: CandidateComparison) -> str:
+    """An inconclusive verdict with what it needs: the half-width reached and the rounds still needed."""
     more = f" — {row.rounds_needed} more rounds needed" if row.rounds_needed else ""
     width = f" at ±{row.half_width:.1%}" if row.half_width is not None else ""
     return f"inconclusive{width}{more}"
@@ -131,6 +141,8 @@ def protocol_notes(comp: Comparison) -> list[str]:
         parts.append(f"baseline drift {noise.baseline_drift:.1%}")
     if noise.host_other_cores is not None:
         parts.append(f"other processes {noise.host_other_cores:.1f} cores")
+    if noise.usual_load_cores is not None:
+        parts.append(f"{noise.usual_load_cores:.1f} in a usual round")
     if parts:
         lines.append("noise: " + ", ".join(parts) + ".")
     lines += [f"warning: {text}" for text in noise.warnings]

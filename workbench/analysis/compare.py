@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from workbench.analysis.hostshift import LoadShift, load_shift
 from workbench.analysis.intervals import (
     SpeedupEstimate,
     Verdict,
@@ -82,6 +83,12 @@ class CandidateComparison:
     """Further units the precision target needs, by this noise (None: cannot tell yet)."""
     utilization_delta: dict[str, float | None] | None = None
     """Candidate minus baseline for each utilization and energy figure."""
+    load_changed_rounds: list[int] = field(default_factory=list)
+    """Paired rounds in which the host's load changed (`analysis.hostshift`): set aside from the
+    interval; when too many, the verdict is "inconclusive"."""
+    verdict_note: str = ""
+    """Why the verdict was withheld where the numbers alone do not say ('' when it was not): "the
+    host's load changed during the comparison, N of M rounds affected"."""
 
     @property
     def numerics_ok(self) -> bool | None:
@@ -104,6 +111,13 @@ class Noise:
     """Paired rounds rotated between workers: the largest gap between two workers' median log
     ratios, over the candidates (0.03 ≈ 3%): what one worker alone would have shown as an effect."""
     warnings: list[str] = field(default_factory=list)
+    load_changed_rounds: list[int] = field(default_factory=list)
+    """Paired rounds in which the host's load changed, over every candidate (set aside)."""
+    usual_load_cores: float | None = None
+    """The host's load in a usual round (median, other processes' cores; None: not measured per round)."""
+    load_changes: list[dict[str, Any]] = field(default_factory=list)
+    """Each affected round: {round, at_s (seconds into the comparison), baseline_cores, candidate_cores
+    (the most-loaded candidate's)}: when the load changed, and by how much."""
 
 
 @dataclass
@@ -140,25 +154,53 @@ class UnitLog:
 
     medians: dict[int, dict[int, float]] = field(default_factory=dict)
     steps: dict[int, list[list[float]]] = field(default_factory=dict)
+    loads: dict[int, dict[int, tuple[float | None, float | None]]] = field(default_factory=dict)
+    """Per configuration and round, the host's load while that unit was timed: (other processes'
+    busy cores, our threads' run-queue wait per second); absent where it was not measured."""
+    began_s: dict[int, float] = field(default_factory=dict)
+    """Each round's start, seconds into the comparison (where known): when a load change happened."""
 
-    def add(self, config: int, round_index: int, step_ms: Sequence[float]) -> None:
+    def add(
+        self,
+        config: int,
+        round_index: int,
+        step_ms: Sequence[float],
+        load: tuple[float | None, float | None] | None = None,
+    ) -> None:
         if not step_ms:
             return
         self.medians.setdefault(config, {})[round_index] = float(np.median(step_ms))
         self.steps.setdefault(config, []).append([float(x) for x in step_ms])
+        if load is not None:
+            self.loads.setdefault(config, {})[round_index] = load
 
     def units(self, config: int) -> int:
         return len(self.medians.get(config, {}))
 
 
-def estimate(log: UnitLog, a: int, b: int, *, paired: bool, confidence: float) -> SpeedupEstimate | None:
-    """Config `a`'s time ÷ config `b`'s time over their units; None when either has none."""
+def estimate(
+    log: UnitLog, a: int, b: int, *, paired: bool, confidence: float, set_aside: bool = True
+) -> SpeedupEstimate | None:
+    """Config `a`'s time ÷ config `b`'s time over their units; None when either has none.
+
+    Paired: the rounds in which the host's load changed (`shift`) are left out when `set_aside`."""
     ma, mb = log.medians.get(a, {}), log.medians.get(b, {})
     if not ma or not mb or (paired and not set(ma) & set(mb)):
         return None
     if paired:
+        if set_aside:
+            dropped = set(shift(log, a, b).rounds)
+            ma = {r: v for r, v in ma.items() if r not in dropped}
+            if not set(ma) & set(mb):
+                return None
         return paired_speedup(ma, mb, confidence)
     return unpaired_speedup(list(ma.values()), list(mb.values()), confidence)
+
+
+def shift(log: UnitLog, a: int, b: int) -> LoadShift:
+    """The paired rounds of configs `a` and `b` in which the host's load changed."""
+    rounds = sorted(set(log.medians.get(a, {})) & set(log.medians.get(b, {})))
+    return load_shift(log.loads.get(a, {}), log.loads.get(b, {}), rounds)
 
 
 def compare_units(
@@ -184,10 +226,11 @@ def compare_units(
     base = summaries[0]
     rows = []
     for index, (summary, check) in enumerate(zip(summaries[1:], numerics), start=1):
-        est = None
+        est, moved = None, LoadShift()
         if base.status == "ok" and summary.status == "ok":
             est = estimate(log, 0, index, paired=paired, confidence=confidence)
-        rows.append(_row(base, summary, check, est, equivalence_margin, precision, confidence))
+            moved = shift(log, 0, index) if paired else moved
+        rows.append(_row(base, summary, check, est, equivalence_margin, precision, confidence, moved))
     winner, tied = _winner(rows, log, paired, confidence, equivalence_margin)
     return Comparison(
         baseline=base,
@@ -199,7 +242,9 @@ def compare_units(
         paired=paired,
         paired_workers=paired_workers,
         precision=precision,
-        noise=_noise(log, rows, host_other_cores, baseline_steps, paired_workers if paired else 0),
+        noise=_with_load_changes(
+            _noise(log, rows, host_other_cores, baseline_steps, paired_workers if paired else 0), log, len(rows)
+        ),
         winner=winner,
         tied=tied,
     )
@@ -263,17 +308,32 @@ def _row(
     margin: float,
     precision: float | None,
     confidence: float,
+    moved: LoadShift | None = None,
 ) -> CandidateComparison:
     diff = TrainConfig.from_dict(base.config).diff(TrainConfig.from_dict(cand.config))
+    moved = moved or LoadShift()
     if est is None:  # failed to run, or (rare) ran but no unit was timed: say which
         verdict: Verdict = "inconclusive" if base.status == cand.status == "ok" else "failed"
-        return CandidateComparison(cand, None, None, verdict, None, None, numerics, None, diff,
-                                   utilization_delta=utilization_delta(base.utilization, cand.utilization))  # fmt: skip
+        return CandidateComparison(
+            cand,
+            None,
+            None,
+            verdict,
+            None,
+            None,
+            numerics,
+            None,
+            diff,
+            utilization_delta=utilization_delta(base.utilization, cand.utilization),
+            load_changed_rounds=moved.rounds,
+            verdict_note=moved.note() if moved.withheld else "",
+        )
     return CandidateComparison(
         summary=cand,
         speedup=est.speedup,
         speedup_ci=est.ci,
-        verdict=verdict_for(est, margin, precision),
+        # Withheld, not guessed: the rounds left may not be the quiet ones they look like.
+        verdict="inconclusive" if moved.withheld else verdict_for(est, margin, precision),
         peak_memory_delta_bytes=_delta(cand.peak_memory_bytes, base.peak_memory_bytes),
         final_loss_delta=_delta(cand.final_loss, base.final_loss),
         numerics=numerics,
@@ -284,6 +344,8 @@ def _row(
         between_unit_sd=est.log_sd,
         rounds_needed=rounds_needed(est, precision, confidence) if precision else None,
         utilization_delta=utilization_delta(base.utilization, cand.utilization),
+        load_changed_rounds=moved.rounds,
+        verdict_note=moved.note() if moved.withheld else "",
     )
 
 
@@ -345,10 +407,49 @@ def _noise(
     if host_other_cores is not None and host_other_cores > HOST_BUSY_CORES:
         warnings.append(
             f"the host was busy: other processes used {host_other_cores:.1f} CPU cores on average while measuring; "
-            "verdicts hold (paired rounds cancel what hits both sides) but intervals are wider — measure on a quiet machine"
+            "paired rounds cancel a load that hits both arms alike (rounds where it did not are set aside, below) but "
+            "intervals are wider — measure on a quiet machine"
         )
     return Noise(float(np.median(cvs)) if cvs else None, max(sds) if sds else None, drift, host_other_cores,
                  _between_workers(log, len(rows), workers), warnings)  # fmt: skip
+
+
+def _with_load_changes(noise: Noise, log: UnitLog, candidates: int) -> Noise:
+    """`noise` with the rounds in which the host's load changed (any candidate), when and how much."""
+    moved = [shift(log, 0, index) for index in range(1, candidates + 1)]
+    rounds = sorted({r for m in moved for r in m.rounds})
+    if not rounds:
+        noise.usual_load_cores = next((m.usual for m in moved if m.usual is not None), None)
+        return noise
+    noise.load_changed_rounds = rounds
+    noise.usual_load_cores = next(m.usual for m in moved if m.usual is not None)
+    for r in rounds:
+        pairs = [m.loads[r] for m in moved if r in m.loads]
+        change = {"round": r, "at_s": log.began_s.get(r), "baseline_cores": pairs[0][0]}
+        change["candidate_cores"] = max(pair[1] for pair in pairs)
+        noise.load_changes.append(change)
+    most = max(max(c["baseline_cores"], c["candidate_cores"]) for c in noise.load_changes)
+    withheld = any(m.withheld for m in moved)
+    times = [c["at_s"] for c in noise.load_changes if c["at_s"] is not None]
+    when = f", {min(times):.0f}–{max(times):.0f} s in" if times else ""
+    noise.warnings.append(
+        f"the host's load changed during the comparison: in {len(rounds)} of {max(m.measured for m in moved)} "
+        f"rounds ({_spans(rounds)}{when}) other work used up to {most:.1f} cores against the usual "
+        f"{noise.usual_load_cores:.1f}; "
+        + ("too many to trust the rest: verdict withheld (inconclusive)" if withheld else "those rounds are set aside")
+    )
+    return noise
+
+
+def _spans(rounds: list[int]) -> str:
+    """[3, 4, 5, 9] → 'rounds 3–5, 9'."""
+    spans: list[list[int]] = []
+    for r in rounds:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return "rounds " + ", ".join(f"{a}" if a == b else f"{a}–{b}" for a, b in spans)
 
 
 def _between_workers(log: UnitLog, candidates: int, workers: int) -> float | None:

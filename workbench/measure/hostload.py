@@ -84,3 +84,46 @@ class HostCpu:
 def _process_cpu_s() -> float:
     t = os.times()
     return t.user + t.system
+
+
+class ArmMeter:
+    """The host's load during one arm of a paired round, measured inside the worker that times it.
+
+    Why per arm: a comparison-wide average cannot tell a load that hit both arms of a round
+    alike (cancelled by the pairing) from one that began or ended between them (a biased
+    round). Two figures, each cheap (/proc reads, no thread): other processes' busy cores
+    (the host's busy CPU minus this process's, all its threads) and our threads' run-queue
+    delay per wall second (how long they waited for a core: the direct cost of that load)."""
+
+    def __init__(self) -> None:
+        self._begin = (time.monotonic(), _machine_busy_s(), _process_cpu_s(), _threads_waited_s())
+
+    def finish(self) -> tuple[float | None, float | None]:
+        """(other processes' cores, our threads' waited seconds per second) since the meter was made."""
+        began, busy0, own0, waited0 = self._begin
+        wall = time.monotonic() - began
+        if wall <= 0.0:
+            return None, None
+        other = max(0.0, (_machine_busy_s() - busy0) - (_process_cpu_s() - own0)) / wall
+        waited = _threads_waited_s()
+        wait = None if waited is None or waited0 is None else max(0.0, waited - waited0) / wall
+        return other, wait
+
+
+def _threads_waited_s() -> float | None:
+    """Run-queue delay of every thread of this process so far, in seconds (Linux schedstat's second
+    field, ns); None where the kernel does not keep it. All threads, not only the caller: a step's
+    intra-op threads wait for cores too, and a step ends only when the slowest of them does."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    total, seen = 0, False
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat", "rb") as file:
+                total += int(file.read().split()[1])
+                seen = True
+        except (OSError, IndexError, ValueError):  # a thread that ended between listing and reading
+            continue
+    return total / 1e9 if seen else None

@@ -22,6 +22,7 @@ from typing import Any
 
 from workbench.config import ConfigError, TrainConfig
 from workbench.measure.follow import raise_input_error
+from workbench.measure.hostload import ArmMeter
 from workbench.measure.request import TrialRequest
 from workbench.measure.worker import POLL_S
 from workbench.workloads.base import WorkloadError
@@ -45,6 +46,8 @@ class PairedSession:
 
         requests = [request.resolved() for request in requests]  # resolved by the caller: no check again
         self.timeout_s = requests[0].timeout_s
+        self.last_loads: dict[int, tuple[float | None, float | None]] = {}
+        """The host's load during each block of the last round (`hostload.ArmMeter`), by configuration."""
         self.cancel = cancel
         self.child = ChildProcess(_serve, [request.to_wire() for request in requests])
         if wait:
@@ -63,9 +66,12 @@ class PairedSession:
         (timed steps, untimed switch step first?) of configuration i's block."""
         self.child.outbox.send(("round", list(order), {i: shapes[i] for i in order}))
         blocks: dict[int, list[float]] = {}
+        self.last_loads = {}
         while len(blocks) < len(order):
-            _, index, step_ms = self._receive()
+            _, index, step_ms, *load = self._receive()
             blocks[index] = step_ms
+            if load:  # (other processes' cores, our threads' wait per second) during that block
+                self.last_loads[index] = load[0]
         return blocks
 
     def ask_to_stop(self) -> None:
@@ -181,7 +187,7 @@ def _serve(requests: Any, replies: Any, wires: list[dict[str, Any]]) -> None:
             for index in order:
                 train_step, batches, _ = steps[index]
                 count, switch = shapes[index]
-                replies.send(("block", index, _time_block(train_step, batches, count, switch)))
+                replies.send(("block", index, *_time_block(train_step, batches, count, switch)))
         except BaseException as exc:
             replies.send(("failed", f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"))
             return
@@ -224,15 +230,18 @@ def paired_warmup(config: TrainConfig, warmup: int) -> int:
     return min(warmup, 1)
 
 
-def _time_block(train_step: Any, batches: Any, count: int, switch: bool) -> list[float]:
-    """One untimed step (the switch from another model) if asked, then `count` steps on the device's clock."""
+def _time_block(train_step: Any, batches: Any, count: int, switch: bool) -> tuple[list[float], Any]:
+    """One untimed step (the switch from another model) if asked, then `count` steps on the device's
+    clock; with the host's load over those timed steps (`ArmMeter.finish()`)."""
     from workbench.measure.timing import make_clock, synchronize
     from workbench.measure.window import one_step
 
     if switch:
         one_step(train_step, batches)
     synchronize(train_step.device)
+    meter = ArmMeter()
     clock = make_clock(train_step.device)
     for _ in range(count):
         one_step(train_step, batches, clock=clock)
-    return [timing.step_ms for timing in clock.finish()]
+    step_ms = [timing.step_ms for timing in clock.finish()]
+    return step_ms, meter.finish()

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from workbench.analysis.compare import Comparison, compare_units, summarize
+from workbench.analysis.compare import Comparison, UnitLog, compare_units, summarize
 from workbench.analysis.numerics import check_numerics
 from workbench.config import ConfigError, TrainConfig
 from workbench.measure import EventSink, TrialRequest, TrialResult
@@ -27,6 +27,9 @@ class ComparisonRun:
     baseline_runs: list[TrialResult]
     candidate_runs: list[list[TrialResult]]
     """Each configuration's fresh-worker trials (the characterizing one, then process-design units)."""
+    log: UnitLog | None = None
+    """The units behind the comparison (step times and host load per round), for a caller that
+    re-analyses them, e.g. the busy-host benchmark setting today's rule beside the old one."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON: {'baseline': run, 'candidates': [run + comparison fields], 'rounds', 'design', 'noise', ...}."""
@@ -53,6 +56,8 @@ class ComparisonRun:
                 repeat_trial_ids=row.summary.trial_ids,
                 utilization_summary=row.summary.utilization,
                 utilization_delta=row.utilization_delta,
+                load_changed_rounds=row.load_changed_rounds,
+                verdict_note=row.verdict_note,
             )
             candidates.append(item)
         baseline = self.baseline_runs[0].to_dict()
@@ -139,7 +144,7 @@ def run_protocol(
         comparison.elapsed_s = time.monotonic() - began
         if history is not None:
             _attach(history, comparison, runs)
-    return ComparisonRun(comparison, runs[0], runs[1:])
+    return ComparisonRun(comparison, runs[0], runs[1:], log)
 
 
 def configured_requests(
@@ -168,7 +173,8 @@ def _attach(history: Any, comparison: Comparison, runs: list[list[TrialResult]])
     figures: list[dict[str, Any]] = [{"role": "baseline", **common}]
     for row in comparison.candidates:
         figures.append({"role": "candidate", "speedup": row.speedup, "speedup_ci": row.speedup_ci,
-                        "verdict": row.verdict, "units": row.units, "half_width": row.half_width, **common})  # fmt: skip
+                        "verdict": row.verdict, "units": row.units, "half_width": row.half_width,
+                        "load_changed_rounds": row.load_changed_rounds, "verdict_note": row.verdict_note, **common})  # fmt: skip
     for config_runs, data in zip(runs, figures):
         for result in config_runs:
             result.comparison = data

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -44,6 +45,39 @@ def round_order(members: Sequence[int], number: int) -> list[int]:
     """Round `number`'s order: as given on even rounds, reversed on odd ones (B C1 C2, C2 C1 B, …),
     so a "second in line is slower" effect hits every configuration alike."""
     return list(members) if number % 2 == 0 else list(reversed(members))
+
+
+def mirrored_order(members: Sequence[int], number: int) -> list[list[int]]:
+    """Paired round `number` as two halves, the second the mirror of the first: B C | C B on even
+    rounds, C B | B C on odd ones.
+
+    Why: in an A/A comparison here (bev-perception tiny, 3 workers, one block per configuration
+    and round) the rounds of one order read 1.04–1.09 and those of the other 0.94–0.96: the
+    block that opens a round ran ~5% slower than the one after it, and a round's ratio carried
+    that whole effect, its sign set by the order; rounds of one order came three in a row (one
+    per worker), so neighbouring rounds were not independent, and the interval too narrow.
+    Mirrored, each configuration holds one early and one late position in every round: a
+    first-in-line effect shrinks to half and changes sign from round to round, and a load that
+    rises or falls steadily through the round is cancelled outright (its effect on B C equals
+    that on C B)."""
+    first = round_order(members, number)
+    return [first, list(reversed(first))]
+
+
+def half_block(shape: tuple[int, bool]) -> tuple[int, bool]:
+    """A block of a mirrored round: half the timed steps of `shape` (at least one), so a round of
+    two halves times each configuration about as long as one block did, and costs about as much."""
+    steps, switch = shape
+    return max(1, math.ceil(steps / 2)), switch
+
+
+def mean_load(halves: Sequence[tuple[float | None, float | None]]) -> tuple[float | None, float | None]:
+    """A configuration's load over its blocks in one round: each figure's mean (None if any half lacks it)."""
+    figures = []
+    for column in zip(*halves):
+        known = [value for value in column if value is not None]
+        figures.append(sum(known) / len(known) if known and len(known) == len(column) else None)
+    return (figures[0], figures[1]) if len(figures) == 2 else (None, None)
 
 
 def run_rounds(
@@ -112,6 +146,8 @@ class Rounds:
         self.note = ""
         self.workers = 0
         """Paired workers the rounds rotated between (0: the processes design)."""
+        self.loads: dict[int, tuple[float | None, float | None]] = {}
+        """The host's load during each configuration's block of the round just measured (paired design)."""
 
     def run(self) -> tuple[UnitLog, str]:
         ok = [i for i, r in enumerate(self.runs) if r and all(x.ok for x in r)]
@@ -142,14 +178,23 @@ class Rounds:
         fewer = f"; {len(sessions)} of {wanted} paired workers ({why_fewer})" if why_fewer else ""
         try:
             local = {config: position for position, config in enumerate(ok)}
-            shapes = {local[i]: self.protocol.block_for(self.runs[i][0].median_step_ms) for i in ok}
+            shapes = {local[i]: half_block(self.protocol.block_for(self.runs[i][0].median_step_ms)) for i in ok}
 
             def one_round(number: int, members: list[int]) -> dict[int, list[float]]:
-                # Worker number mod n; within a worker the order still alternates from one of its rounds to the next.
+                # Worker number mod n. Each round is mirrored (B C C B, then C B B C the next round),
+                # so a first-in-line effect and a load that rises or falls steadily inside the
+                # round hit every configuration alike (`mirrored_order`).
                 session = sessions[number % len(sessions)]
-                order = round_order(members, number // len(sessions))
-                blocks = session.run_round([local[i] for i in order], shapes)
-                return {ok[position]: step_ms for position, step_ms in blocks.items()}
+                steps: dict[int, list[float]] = {}
+                loads: dict[int, list[tuple[float | None, float | None]]] = {}
+                for half in mirrored_order(members, number):
+                    blocks = session.run_round([local[i] for i in half], shapes)
+                    for position, step_ms in blocks.items():
+                        steps.setdefault(ok[position], []).extend(step_ms)
+                    for position, load in session.last_loads.items():
+                        loads.setdefault(ok[position], []).append(load)
+                self.loads = {index: mean_load(halves) for index, halves in loads.items()}
+                return steps
 
             return self._loop(ok, one_round, start=0) + fewer
         except SessionFailed as exc:
@@ -182,13 +227,15 @@ class Rounds:
             if reason:
                 return reason
             round_began = time.monotonic()
+            self.log.began_s[number] = round_began - self.began
+            self.loads = {}
             try:
                 blocks = measure(number, [0, *active])
             except RoundFailed as exc:
                 return f"stopped: {exc}"
             durations.append(time.monotonic() - round_began)
             for index, step_ms in blocks.items():
-                self.log.add(index, number, step_ms)
+                self.log.add(index, number, step_ms, self.loads.get(index))
             number += 1
             widths = self._half_widths(ok)
             if number >= p.rounds_floor:
@@ -197,7 +244,7 @@ class Rounds:
                                     p.budget_s))  # fmt: skip
 
     def _half_widths(self, ok: list[int]) -> dict[int, float | None]:
-        from workbench.analysis.compare import estimate
+        from workbench.analysis.compare import estimate, shift
 
         paired = self.design == "paired"
         widths: dict[int, float | None] = {}
@@ -206,6 +253,10 @@ class Rounds:
                 continue
             est = estimate(self.log, 0, index, paired=paired, confidence=self.protocol.confidence)
             widths[index] = est.half_width if est is not None else None
+            if paired and shift(self.log, 0, index).withheld:
+                # Not known yet, however narrow: quiet rounds to come may bring the affected share
+                # back under the line, so the rounds go on while the budget lasts.
+                widths[index] = None
         return widths
 
 

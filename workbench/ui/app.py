@@ -25,6 +25,7 @@ from workbench.device import device_info, resolve_device
 from workbench.levers import capabilities, check_config
 from workbench.measure import RoundMeasured, StepMeasured, TrialRequest, TrialResult, TrialStarted
 from workbench.measure.monitor import DeviceMonitor
+from workbench.report import verdict_text
 from workbench.ui.bokeh_view import load_bokehjs
 from workbench.ui.charts import TIMELINE_S, LiveCharts, TrialSeries
 from workbench.ui.controls import ConfigPanel
@@ -466,7 +467,7 @@ def _update_progress(record: TrialRecord) -> None:
         bar.bar_style = "success" if result.ok else "danger"
         median = f"median {result.median_step_ms:.1f} ms" if result.median_step_ms else ""
         why = result.message.splitlines()[0][:160] if result.message else ""
-        verdict = f"{row.verdict} after {row.units} rounds" if row is not None else ""
+        verdict = f"{verdict_text(row)} after {row.units} rounds" if row is not None else ""
         text = f"{result.status} {median} {verdict} {why}".strip()
     elif record.round_text:
         text = record.round_text
