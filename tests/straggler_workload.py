@@ -42,8 +42,11 @@ class _SlowBackward(torch.autograd.Function):
 
 
 class FaultyNet(nn.Module):
-    def __init__(self, phase: str, rank: int, delay_s: float, width: int = 256, norm: bool = False) -> None:
+    def __init__(
+        self, phase: str, rank: int, delay_s: float, width: int = 256, norm: bool = False, device_s: float = 0.0
+    ) -> None:
         super().__init__()
+        self.device_s = device_s  # every rank: a host waiting this long for its GPU's forward
         self.first, self.second = nn.Linear(64, width), nn.Linear(width, 1)
         # BatchNorm's buffers make DDP broadcast them at every forward's entry: a second synchronization
         self.norm = nn.BatchNorm1d(width) if norm else nn.Identity()
@@ -51,8 +54,8 @@ class FaultyNet(nn.Module):
         self.backward_delay = delay_s if phase == "backward" and _slowed(rank) else 0.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.forward_delay:
-            time.sleep(self.forward_delay)
+        if self.forward_delay or self.device_s:
+            time.sleep(self.forward_delay + self.device_s)
         hidden = torch.relu(self.norm(self.first(x)))
         if self.backward_delay:
             hidden = _SlowBackward.apply(hidden, self.backward_delay)
@@ -66,6 +69,7 @@ def straggler_workload(
     width: int = 256,
     batch_size: int = 12,
     norm: bool = False,
+    device_s: float = 0.0,
 ) -> Workload:
     """`phase` None: no fault anywhere (the no-straggler truth); `width` and `batch_size` set the step's size."""
     if phase is not None and phase not in PHASES:
@@ -74,7 +78,7 @@ def straggler_workload(
     def model_fn() -> nn.Module:
         if phase == "optimizer" and _slowed(rank):
             register_optimizer_step_pre_hook(lambda *_: time.sleep(delay_s))  # every optimizer of this rank
-        return FaultyNet(str(phase), rank, delay_s, width, norm)
+        return FaultyNet(str(phase), rank, delay_s, width, norm, device_s)
 
     def batch_fn(n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         if phase == "data" and _slowed(rank):
@@ -100,12 +104,13 @@ from straggler_workload import FaultyNet
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-store, width, batch, steps = sys.argv[1], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-for spec in sys.argv[6:]:
+store, width, batch, steps, device = sys.argv[1], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6])
+for spec in sys.argv[7:]:
     phase, slow, delay, *flags = spec.split(":")
     slowed, delay = rank == int(slow), float(delay)
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(FaultyNet(phase, int(slow), delay, width, "norm" in flags))
+    net = FaultyNet(phase, int(slow), delay, width, "norm" in flags, device)
+    model = torch.nn.parallel.DistributedDataParallel(net)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
     def loader(n):
@@ -129,7 +134,14 @@ dist.destroy_process_group()
 
 
 def launch_watched(
-    directory: Path, world: int, specs: list[str], *, width: int = 256, batch: int = 64, steps: int = 21
+    directory: Path,
+    world: int,
+    specs: list[str],
+    *,
+    width: int = 256,
+    batch: int = 64,
+    steps: int = 21,
+    device_s: float = 0.0,
 ) -> Path:
     """Run the watched jobs `specs` on `world` gloo ranks; returns the run history they wrote."""
     root = Path(__file__).resolve().parents[1]
@@ -137,7 +149,16 @@ def launch_watched(
     script.write_text(textwrap.dedent(WATCHED_JOB))
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world)]
-    command += [str(script), str(store), str(Path(__file__).parent), str(width), str(batch), str(steps), *specs]
+    command += [
+        str(script),
+        str(store),
+        str(Path(__file__).parent),
+        str(width),
+        str(batch),
+        str(steps),
+        str(device_s),
+        *specs,
+    ]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800, cwd=directory)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return store

@@ -24,6 +24,12 @@ MIN_SHARE = 0.05
 """Lateness below this share of the median step is never a straggler (a 10% delay is found)."""
 MIN_MS = 0.5
 """…nor below this many ms: a thread yield on a busy core costs a few tenths of a ms."""
+COMPUTE_SHARE = 0.2
+"""Lateness its thread spent computing on its core must reach this share of the step: identical
+ranks on CPU cores differ by 5-10% of a compute-bound step for a process's whole life (memory
+layout, thread placement; between-process spread of 10-20% measured here), so only lateness spent
+off the core (asleep, waiting for a disk or its data — or, seen from the host, for its GPU) is
+held to `MIN_SHARE`."""
 ALPHA = 0.01
 """False-alarm level of the signed-rank test, shared by all ranks (each tested at ALPHA / ranks)."""
 MIN_STEPS = 6
@@ -235,6 +241,7 @@ def _blame(check: StragglerCheck, paces: list[RankPace], best: int, loads: list[
     if on_core is not None and check.cpu_wait_excess_ms is not None:
         check.off_core_ms = late - max(0.0, on_core) - max(0.0, check.cpu_wait_excess_ms)
     starved = check.cpu_wait_excess_ms is not None and check.cpu_wait_excess_ms >= 0.5 * late
+    computing = on_core is not None and on_core >= 0.5 * late
     busy = next((h for h in loads if h.contended), None)
     if busy is not None and not _own_doing(check, late):
         # Work on a core that others share runs slower even when it never waits in the run queue (a
@@ -245,6 +252,12 @@ def _blame(check: StragglerCheck, paces: list[RankPace], best: int, loads: list[
             f"the host was busy: other processes kept {busy.other_cores:.1f} of its {busy.cores} cores busy while "
             f"the ranks used {busy.ranks_cores:.1f}, and rank {check.candidate} was late in "
             f"{PHASE_WORDS[check.cause]}, which that contention can cause: no rank is blamed"
+        )
+        return
+    if computing and late < COMPUTE_SHARE * check.step_ms:
+        check.reasons.append(
+            f"rank {check.candidate} spent its lateness computing on its core, and {late:.2f} ms is under "
+            f"{COMPUTE_SHARE:.0%} of the step: identical ranks' compute differs that much on CPU cores"
         )
         return
     if starved:
