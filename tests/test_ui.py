@@ -22,6 +22,7 @@ from torch import nn
 from workbench import Protocol
 from workbench.config import TrainConfig, field_choices, field_doc, field_names
 from workbench.levers import capabilities
+from workbench.protocol.rounds import half_block
 from workbench.workloads import Workload
 
 pytest.importorskip("ipywidgets")
@@ -164,7 +165,8 @@ def test_baseline_and_candidate_fill_charts_table_and_export(make_app) -> None:
     baseline, candidate = app.records
     row = candidate.entry.row
     assert row is not None and row.units >= 6  # the candidate was compared by the protocol's rounds
-    assert len(points["step_ms"]) == 10 + 5 * row.units  # its fresh trial, then each round's block of 5
+    # its fresh trial, then each mirrored round's two half-blocks (B C | C B) of ceil(5 / 2) steps
+    assert len(points["step_ms"]) == 10 + 2 * half_block((5, False))[0] * row.units
     assert points["step_ms"][:5] == pytest.approx(baseline.result.step_ms)
     assert points["step_ms"][5:10] == pytest.approx(candidate.result.step_ms)
     assert app.charts.step_lines.data["label"] == ["baseline: defaults", "candidate 1: amp=bf16"]
