@@ -172,9 +172,19 @@ def _attach(history: Any, comparison: Comparison, runs: list[list[TrialResult]])
               "stop_reason": comparison.stop_reason}  # fmt: skip
     figures: list[dict[str, Any]] = [{"role": "baseline", **common}]
     for row in comparison.candidates:
-        figures.append({"role": "candidate", "speedup": row.speedup, "speedup_ci": row.speedup_ci,
-                        "verdict": row.verdict, "units": row.units, "half_width": row.half_width,
-                        "load_changed_rounds": row.load_changed_rounds, "verdict_note": row.verdict_note, **common})  # fmt: skip
+        figures.append(
+            {
+                "role": "candidate",
+                "speedup": row.speedup,
+                "speedup_ci": row.speedup_ci,
+                "verdict": row.verdict,
+                "units": row.units,
+                "half_width": row.half_width,
+                "load_changed_rounds": row.load_changed_rounds,
+                "verdict_note": row.verdict_note,
+                **common,
+            }
+        )
     for config_runs, data in zip(runs, figures):
         for result in config_runs:
             result.comparison = data

@@ -27,9 +27,20 @@ from workbench.store.core import HistoryRow, Store
 STALE_AFTER_S = 10.0
 #: Another host's pid cannot be checked: only a much longer silence reads as killed there.
 OTHER_HOST_STALE_S = 600.0
-STEP_FIELDS = ("wall_time", "step_ms", "data_ms", "forward_ms", "backward_ms", "optimizer_ms",
-               "peak_memory_bytes", "loss", "forward_wait_ms", "backward_wait_ms", "cpu_ms",
-               "cpu_wait_ms")  # fmt: skip
+STEP_FIELDS = (
+    "wall_time",
+    "step_ms",
+    "data_ms",
+    "forward_ms",
+    "backward_ms",
+    "optimizer_ms",
+    "peak_memory_bytes",
+    "loss",
+    "forward_wait_ms",
+    "backward_wait_ms",
+    "cpu_ms",
+    "cpu_wait_ms",
+)
 
 
 @dataclass(frozen=True)

@@ -242,9 +242,18 @@ def _host_loads(runs: list[WatchedRun]) -> list[HostLoad]:
 
 def _figures(run: WatchedRun) -> RankFigures:
     s = run.summary
-    return RankFigures(int(run.rank or 0), run.run_id, run.status, run.last_step, s.get("steady_median_ms"),
-                       s.get("steady_data_ms"), s.get("steady_forward_ms"), run.message, _failure(run),
-                       s.get("first_nonfinite_loss_step"))  # fmt: skip
+    return RankFigures(
+        int(run.rank or 0),
+        run.run_id,
+        run.status,
+        run.last_step,
+        s.get("steady_median_ms"),
+        s.get("steady_data_ms"),
+        s.get("steady_forward_ms"),
+        run.message,
+        _failure(run),
+        s.get("first_nonfinite_loss_step"),
+    )
 
 
 def _failure(run: WatchedRun) -> dict[str, Any] | None:

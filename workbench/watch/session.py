@@ -219,9 +219,21 @@ class Watch:
         optimizer = (self._optimizer[0], self._optimizer[1]) if self._optimizer[1] is not None else None
         if self._grads is not None and self._grad_sync is None:  # no optimizer hook took them
             self._grad_sync = self._grads.take()
-        raw = RawStep(self.steps, time.time(), self._start, end, self._data_s, forward, optimizer, loss, peak)
-        raw.grad_sync, raw.thread_times = self._grad_sync, thread_times()
-        raw.entry_waits = self._entry.take() if self._entry is not None else []
+        entry_waits = self._entry.take() if self._entry is not None else []
+        raw = RawStep(
+            self.steps,
+            time.time(),
+            self._start,
+            end,
+            self._data_s,
+            forward,
+            optimizer,
+            loss,
+            peak,
+            self._grad_sync,
+            entry_waits,
+            thread_times(),
+        )
         self._writer.offer(raw)
         self._start, self._data_s = end, 0.0
         self._forward, self._optimizer, self._grad_sync = [None, None], [None, None], None

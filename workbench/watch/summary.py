@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from workbench.analysis.steady import steady_rows, steady_step_ms, weighted_quantile
+from workbench.analysis.stragglers import PHASES
 from workbench.measure.monitor import Sample
 from workbench.store.watched import StepRow
 from workbench.watch.steps import StepHistory
@@ -33,9 +34,6 @@ def run_summary(rows: Sequence[StepRow], warmup: int, history: StepHistory, wind
         "dropped_steps": dropped_steps,
         "dropped_writes": dropped_writes,
     }
-
-
-PHASES = ("data", "forward", "backward", "optimizer")
 
 
 def steady_phase_ms(rows: Sequence[StepRow], warmup: int, phase: str) -> float | None:

@@ -211,9 +211,18 @@ class Writer:
                 self.run_id = start_watch_run(store, self.name, config=self.config, environment=environment,
                                               warmup=self.warmup, pid=os.getpid(), rank=ranks.rank,
                                               world_size=ranks.world_size, job=ranks.job)  # fmt: skip
-            flush_watch_run(store, self.run_id, last_step=self.history.last_step, summary=summary, history=history,
-                            replace_history=replaced, recent=recent, recent_from=recent_from, ended=ended,
-                            failed=self._failure is not None)  # fmt: skip
+            flush_watch_run(
+                store,
+                self.run_id,
+                last_step=self.history.last_step,
+                summary=summary,
+                history=history,
+                replace_history=replaced,
+                recent=recent,
+                recent_from=recent_from,
+                ended=ended,
+                failed=self._failure is not None,
+            )
         except Exception as exc:
             self.dropped_writes += 1
             self.history.changes_lost()
@@ -289,9 +298,22 @@ def _resolve(r: RawStep, cpu_ms: float | None = None, cpu_wait_ms: float | None 
         # The optimizer step began before the forward ended: it runs the forward and backward inside
         # (a closure, as Lightning's loop does), so its time holds them and backward has no edge.
         backward = optimizer = sync_wait = None
-    return StepRow(r.step, 1, r.wall_time, elapsed_ms(r.start, r.end), r.data_s * 1000.0, forward, backward,
-                   optimizer, r.peak_memory_bytes, _loss_value(r.loss), entry_wait, sync_wait, cpu_ms,
-                   cpu_wait_ms)  # fmt: skip
+    return StepRow(
+        r.step,
+        1,
+        r.wall_time,
+        elapsed_ms(r.start, r.end),
+        r.data_s * 1000.0,
+        forward,
+        backward,
+        optimizer,
+        r.peak_memory_bytes,
+        _loss_value(r.loss),
+        entry_wait,
+        sync_wait,
+        cpu_ms,
+        cpu_wait_ms,
+    )
 
 
 def _loss_value(loss: Any) -> float | None:
