@@ -128,7 +128,7 @@ def one(pattern: str, protocol: Protocol) -> dict:
     every = estimate(outcome.log, 0, 1, paired=comp.paired, confidence=comp.confidence, set_aside=False)
     kept_all = verdict_for(every, comp.equivalence_margin, comp.precision) if every is not None else "inconclusive"
     return {
-        "rounds_detail": _rounds(outcome.log) if row.verdict in ("faster", "slower") else [],
+        "rounds_detail": round_lines(outcome.log) if row.verdict in ("faster", "slower") else [],
         "pattern": pattern,
         "verdict": row.verdict,
         "all_rounds": kept_all,
@@ -144,7 +144,7 @@ def one(pattern: str, protocol: Protocol) -> dict:
     }
 
 
-def _rounds(log: UnitLog) -> list[str]:
+def round_lines(log: UnitLog) -> list[str]:
     """Each round's ratio and both sides' loads: printed under a false verdict, to see how it arose."""
     lines = []
     for r in sorted(set(log.medians.get(0, {})) & set(log.medians.get(1, {}))):
