@@ -103,6 +103,8 @@ def verdict_text(row: CandidateComparison) -> str:
     if row.load_changed_rounds and row.verdict != "failed":
         count = len(row.load_changed_rounds)
         text += f" ({count} round{'s' if count > 1 else ''} set aside: the host's load changed)"
+    if row.interval_confidence is not None and row.verdict != "failed":
+        text += f" ({row.interval_confidence:.0%} interval: the host was busy)"
     return text
 
 

@@ -89,6 +89,9 @@ class CandidateComparison:
     verdict_note: str = ""
     """Why the verdict was withheld where the numbers alone do not say ('' when it was not): "the
     host's load changed during the comparison, N of M rounds affected"."""
+    interval_confidence: float | None = None
+    """The interval's confidence where it is not the comparison's: 0.99 on a busy host
+    (`hostshift.BUSY_CONFIDENCE`); None otherwise."""
 
     @property
     def numerics_ok(self) -> bool | None:
@@ -183,14 +186,16 @@ def estimate(
 ) -> SpeedupEstimate | None:
     """Config `a`'s time ÷ config `b`'s time over their units; None when either has none.
 
-    Paired: the rounds in which the host's load changed (`shift`) are left out when `set_aside`."""
+    Paired: the rounds in which the host's load changed (`shift`) are left out when `set_aside`,
+    and on a busy host the interval is taken at `LoadShift.confidence` (99%)."""
     ma, mb = log.medians.get(a, {}), log.medians.get(b, {})
     if not ma or not mb or (paired and not set(ma) & set(mb)):
         return None
     if paired:
         if set_aside:
-            dropped = set(shift(log, a, b).rounds)
-            ma = {r: v for r, v in ma.items() if r not in dropped}
+            moved = shift(log, a, b)
+            ma = {r: v for r, v in ma.items() if r not in set(moved.rounds)}
+            confidence = moved.confidence(confidence)
             if not set(ma) & set(mb):
                 return None
         return paired_speedup(ma, mb, confidence)
@@ -342,10 +347,11 @@ def _row(
         units=est.units,
         half_width=est.half_width,
         between_unit_sd=est.log_sd,
-        rounds_needed=rounds_needed(est, precision, confidence) if precision else None,
+        rounds_needed=rounds_needed(est, precision, moved.confidence(confidence)) if precision else None,
         utilization_delta=utilization_delta(base.utilization, cand.utilization),
         load_changed_rounds=moved.rounds,
         verdict_note=moved.note() if moved.withheld else "",
+        interval_confidence=moved.confidence(confidence) if moved.confidence(confidence) != confidence else None,
     )
 
 

@@ -25,6 +25,17 @@ LOAD_GAP = 0.25
 by more than this from the comparison's usual round load (the median). Measured here per arm of
 ~0.25 s: a quiet host reads 0.00–0.08; one other process spinning on a core, 0.8–1.3."""
 
+BUSY_CONFIDENCE = 0.99
+"""The interval's confidence on a busy host (`LoadShift.busy`), where the asked one is lower.
+
+Why: on a busy host the rounds the rule keeps are heavier-tailed and less independent than the
+signed-rank interval assumes — a load under the line still moves them, and it persists from one
+round to the next. Here A/A comparisons at 95% called "faster"/"slower" where the host's load had
+changed in 3 of 9 and 3 of 13 rounds. On simulated rounds (`tests/test_hostshift.py`), 99% on a
+busy host cut false A/A verdicts from 6% to 2% under a steady load and from 2.5% to 0.5% under
+spikes; a 10% slowdown amid bursts or spikes was called as often as at 95%, under a steady load
+less often (inconclusive instead). A quiet host keeps the asked confidence."""
+
 MAX_AFFECTED_SHARE = 1.0 / 3.0
 """Above this share of affected rounds the verdict is withheld: the load moved so often that the
 rounds it did not visibly touch cannot be taken as quiet (and the usual level itself is unsure)."""
@@ -42,6 +53,15 @@ class LoadShift:
     """The median round's load, in cores."""
     loads: dict[int, tuple[float, float]] = field(default_factory=dict)
     """Each affected round's (first configuration's, second's) load, in cores."""
+
+    @property
+    def busy(self) -> bool:
+        """The host's load changed in some round, or other work held more than `LOAD_GAP` cores throughout."""
+        return bool(self.rounds) or (self.usual is not None and self.usual > LOAD_GAP)
+
+    def confidence(self, asked: float) -> float:
+        """The interval's confidence for these rounds: `BUSY_CONFIDENCE` on a busy host, else `asked`."""
+        return max(asked, BUSY_CONFIDENCE) if self.busy else asked
 
     @property
     def withheld(self) -> bool:

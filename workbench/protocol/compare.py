@@ -58,6 +58,7 @@ class ComparisonRun:
                 utilization_delta=row.utilization_delta,
                 load_changed_rounds=row.load_changed_rounds,
                 verdict_note=row.verdict_note,
+                interval_confidence=row.interval_confidence,
             )
             candidates.append(item)
         baseline = self.baseline_runs[0].to_dict()
@@ -182,6 +183,7 @@ def _attach(history: Any, comparison: Comparison, runs: list[list[TrialResult]])
                 "half_width": row.half_width,
                 "load_changed_rounds": row.load_changed_rounds,
                 "verdict_note": row.verdict_note,
+                "interval_confidence": row.interval_confidence,
                 **common,
             }
         )
