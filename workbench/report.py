@@ -36,6 +36,9 @@ def run_summary(result: TrialResult, verbose: bool = False) -> str:
         else "loss            n/a",
     ]
     lines += compile_lines(result.compile_report)
+    lines += compiled_kernel_lines(
+        (result.profile or {}).get("compiled"), (result.profile or {}).get("launches_per_step")
+    )
     lines += utilization_lines(result)
     if result.applied:
         lines.append(
@@ -64,6 +67,30 @@ def compile_lines(report: dict[str, Any] | None, sites: int = 3) -> list[str]:
         lines.append(f"  recompile of {event['function']} ({event['where']}): {event['words']}")
     if report.get("note"):
         lines.append(f"  note: {report['note']}")
+    return lines
+
+
+def compiled_kernel_lines(compiled: dict[str, Any] | None, launches: float | None, top: int = 5) -> list[str]:
+    """What the compiler made of a profiled step: launches against eager, the heaviest generated
+    kernels with the ops each fused, and the extern calls (matmul/conv libraries)."""
+    if not compiled:
+        return []
+    eager = compiled.get("eager_launches_per_step")
+    versus = f" (eager: {eager:g})" if eager is not None else f" (eager: n/a, {compiled.get('eager_note') or '?'})"
+    count = f"{launches:g}" if launches is not None else "n/a"
+    fused = compiled.get("fused") or []
+    share = compiled.get("fused_share")
+    lines = [
+        f"kernels         {count} launches per step{versus}; {len(fused)} generated kernel(s)"
+        + (f", {share:.0%} of op time" if share is not None else "")
+    ]
+    for row in fused[:top]:
+        lines.append(f"  {row['name']}: {row['ms_per_step']:.3f} ms/step, fuses {' + '.join(row['ops'])}")
+    extern = ", ".join(f"{row['name']} x{row['calls_per_step']:g}" for row in compiled.get("extern") or [])
+    if extern:
+        lines.append(f"  extern (library) calls: {extern}")
+    if compiled.get("note"):
+        lines.append(f"  note: {compiled['note']}")
     return lines
 
 

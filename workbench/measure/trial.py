@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from workbench.config import ConfigError, TrainConfig
 from workbench.measure.compile_cache import cache_counts, cache_state
 from workbench.measure.compile_report import CompileWatch, fullgraph_failure, reset_compiler
+from workbench.measure.compiled_kernels import kernel_ranges
 from workbench.measure.events import EventSink, TrialFinished, TrialStarted
 from workbench.measure.memory import track_step_memory
 from workbench.measure.outcome import start_result, status_of
@@ -64,16 +65,18 @@ def run_trial_inline(
         if config.compile != "off":
             reset_compiler()  # the report and the compile time are this trial's, as in a fresh worker
             watch = CompileWatch()
-        train_step = build(wl, config, dev, checked=True)
-        result.applied = [{"toggle": a.toggle, "value": a.value, "detail": a.detail} for a in train_step.applied]
-        batches = wl.batches(config)
-        losses = LossLog(dev, warmup=request.warmup, steps=request.steps)
-        run_window(train_step, batches, result, emit, losses, check=lambda: _check_cancel(cancel))
-        if result.status == "ok":
-            _read_host_memory(train_step, batches, result, request.track_memory)
-        if request.profile is not None and result.status == "ok":
-            _check_cancel(cancel)
-            _profile_after_window(train_step, batches, config, result, request.profile)
+        # A profiled compiled trial compiles its CPU kernels with profiler ranges, so the profile can list them.
+        with kernel_ranges(request.profile is not None and config.compile != "off"):
+            train_step = build(wl, config, dev, checked=True)
+            result.applied = [{"toggle": a.toggle, "value": a.value, "detail": a.detail} for a in train_step.applied]
+            batches = wl.batches(config)
+            losses = LossLog(dev, warmup=request.warmup, steps=request.steps)
+            run_window(train_step, batches, result, emit, losses, check=lambda: _check_cancel(cancel))
+            if result.status == "ok":
+                _read_host_memory(train_step, batches, result, request.track_memory)
+            if request.profile is not None and result.status == "ok":
+                _check_cancel(cancel)
+                _profile_after_window(train_step, batches, config, result, request.profile)
         result.compile_cache = cache_state(cache_before) if cache_before is not None else None
     except (ConfigError, WorkloadError):
         raise
