@@ -1,6 +1,6 @@
 """What the compiler made of a profiled compiled step, against truths that do not come from it.
 
-One real inductor compile of a tiny Linear -> LayerNorm -> GELU -> Linear model (seconds with the
+One real inductor compile of a tiny Linear -> LayerNorm -> GELU -> Linear model (`compiled_workload`) (seconds with the
 suite's shared inductor cache). The truths: the eager trial's own profiled op table (every op a
 generated kernel claims to fuse is an ATen op the eager step ran), and the analytic count of matmuls
 that stay library calls — two Linear layers run two `addmm` forward and three `mm` backward (grad of
@@ -12,8 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import torch
-from torch import nn
+from compiled_workload import norm_gelu_workload
 
 from workbench.analysis.trace_diff import diff_trials, format_diff
 from workbench.config import TrainConfig
@@ -22,31 +21,13 @@ from workbench.measure.profile import ProfileOptions
 from workbench.measure.result import TrialResult
 from workbench.report import run_summary
 from workbench.trials import run_trial
-from workbench.workloads import Workload
 
 PROFILE = ProfileOptions(scan_syncs=False, memory_timeline=False)
 
 
-class NormGelu(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.norm, self.b = nn.Linear(8, 32), nn.LayerNorm(32), nn.Linear(32, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(nn.functional.gelu(self.norm(self.a(x))) * 2 + 1)
-
-
-def _batch(batch_size: int, generator: torch.Generator) -> torch.Tensor:
-    return torch.randn(batch_size, 8, generator=generator)
-
-
-def _loss(out: Any, batch: Any) -> torch.Tensor:
-    return out.pow(2).mean()
-
-
 @pytest.fixture(scope="module")
 def trials() -> dict[str, TrialResult]:
-    workload = Workload.from_callables(NormGelu, _loss, batch_fn=_batch, batch_size=4)
+    workload = norm_gelu_workload()
     found = {}
     for name, config in (("eager", TrainConfig()), ("compiled", TrainConfig(compile="default"))):
         result = run_trial(workload, config, isolation="inline", warmup=2, steps=3, track_memory=False, profile=PROFILE)

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workbench.measure.compiled_kernels import compiled_kernels, launches
+from workbench.measure.compiled_kernels import compiled_kernels, launches, median_launch_us
 from workbench.measure.memory_timeline import MemoryTimelineUnavailable, record_memory_timeline
 from workbench.measure.op_table import kernel_table, kineto_dtypes, op_table
 from workbench.measure.ranges import COMPUTE_PHASES as COMPUTE_PHASES
@@ -129,6 +129,8 @@ class ProfileSummary:
     launches_per_step: float | None = None
     """Launches per step in the compute phases: device kernels on CUDA, leaf operator calls on CPU
     (`measure.compiled_kernels.launches`; None in results recorded before it was)."""
+    median_launch_us: float | None = None
+    """Median time of one launch's work: a kernel's device time on CUDA, a leaf op's self time on CPU."""
     compiled: dict[str, Any] = field(default_factory=dict)
     """A compiled step's kernels ({} when none ran): eager_launches_per_step (the same step run eagerly), fused
     (generated kernels ranked by time, each with the ATen ops it fused), extern, fused_share, note
@@ -298,6 +300,7 @@ def _summarize(prof: Any, device_type: str, options: ProfileOptions, floor_us: f
         return _inside(event.time_range.start, windows)
 
     summary.launches_per_step = launches(events, device_type, inside) / active
+    summary.median_launch_us = median_launch_us(events, device_type, inside)
     summary.compiled = compiled_kernels(events, device_type, active, inside)
     host_ops = [e for e in events if _is_host_op(e) and _inside(e.time_range.start, windows)]
     summary.ops_per_step = len(host_ops) / active
