@@ -30,3 +30,21 @@ def _loss(out: Any, batch: Any) -> torch.Tensor:
 
 def norm_gelu_workload() -> Workload:
     return Workload.from_callables(NormGelu, _loss, batch_fn=_batch, batch_size=4)
+
+
+class BreakingNormGelu(NormGelu):
+    """NormGelu with one explicit graph break between its two halves."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = nn.functional.gelu(self.norm(self.a(x)))
+        torch._dynamo.graph_break()  # the break the compile tests look for
+        return self.b(h * 2 + 1)
+
+
+def _growing_batch(batch_size: int, generator: torch.Generator) -> torch.Tensor:
+    """Batch i has 2 + (i mod 4) rows: the size changes on every step, so the model recompiles."""
+    return torch.randn(2 + generator.initial_seed() % 4, 8, generator=generator)
+
+
+def breaking_workload() -> Workload:
+    return Workload.from_callables(BreakingNormGelu, _loss, batch_fn=_growing_batch, batch_size=4)

@@ -1,4 +1,5 @@
-"""The Diagnosis tab: findings with their evidence, an Apply button per recommendation, memory and top operators.
+"""The Diagnosis tab: findings with their evidence, an Apply button per recommendation, a compiled
+trial's Compile section, memory and top operators.
 
 A thin view: findings come from `analysis.diagnose.diagnose_trial`, the CLI's own entry point
 (FLOPs counted, so MFU shows here as it does there), memory rows from
@@ -25,6 +26,7 @@ from workbench.analysis.memory_breakdown import MemoryRow, category_rows, module
 from workbench.config import ConfigError, TrainConfig
 from workbench.measure.result import TrialResult
 from workbench.ui.bokeh_view import BokehView
+from workbench.ui.compile_section import compile_section_html
 from workbench.workloads import Workload
 
 _MIB = float(2**20)
@@ -50,6 +52,7 @@ class DiagnosisView(BokehView):
 
         self.header = widgets.HTML("<i>Run a trial with profiling to see why its step is slow.</i>")
         self.findings = widgets.VBox()
+        self.compile = widgets.HTML()
         self.operators = widgets.HTML()
         self.message = widgets.HTML()
         self.categories = ColumnDataSource({name: [] for name in _COLUMNS}, name="memory_categories")
@@ -58,7 +61,7 @@ class DiagnosisView(BokehView):
         self._module_fig = _bars("Activations held, by module", self.modules, "#dd8452")
         self._memory_data: tuple[list[MemoryRow], list[MemoryRow]] = ([], [])
         chart = self.bokeh_model(row(self._category_fig, self._module_fig))
-        self.widget = widgets.VBox([self.header, self.findings, chart, self.operators, self.message])
+        self.widget = widgets.VBox([self.header, self.findings, self.compile, chart, self.operators, self.message])
 
     # --- filling -----------------------------------------------------------------------
 
@@ -75,6 +78,7 @@ class DiagnosisView(BokehView):
         self.header.value = self._header_html(result, self.diagnosis)
         self.buttons = []
         self.findings.children = [self._finding_box(index, f) for index, f in enumerate(self.diagnosis.findings)]
+        self.compile.value = compile_section_html(result)
         self._memory_data = (category_rows(result.memory_breakdown), module_rows(result.memory_modules))
         self.resend()
         self.operators.value = _operators_html((result.profile or {}).get("top_ops") or [])
