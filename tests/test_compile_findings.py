@@ -13,11 +13,14 @@ import dataclasses
 import pytest
 from compiled_workload import norm_gelu_workload
 
+from workbench.analysis.compare import compare_trials
 from workbench.analysis.diagnose import diagnose
 from workbench.analysis.findings import Finding
 from workbench.config import TrainConfig
 from workbench.measure.profile import ProfileOptions
 from workbench.measure.result import TrialResult
+from workbench.protocol.compare import ComparisonRun
+from workbench.report import comparison_table
 from workbench.trials import run_trial
 
 PROFILE = ProfileOptions(scan_syncs=False, memory_timeline=False)
@@ -111,3 +114,15 @@ def test_bad_payback_inputs_are_clear_errors(trials: dict[str, TrialResult]) -> 
         diagnose(trials["compiled"], baseline="eager")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="planned_steps must be a whole number"):
         diagnose(trials["compiled"], baseline=trials["eager"], planned_steps=0)
+
+
+def test_the_comparison_text_carries_a_compiled_candidates_compile_report(trials: dict[str, TrialResult]) -> None:
+    eager, compiled = trials["eager"], trials["compiled"]
+    comparison = compare_trials(eager, [compiled])
+    text = comparison_table(ComparisonRun(comparison, [eager], [[compiled]]))
+    (line,) = [line for line in text.splitlines() if line.startswith("compile report, ")]
+    report = compiled.compile_report or {}
+    assert f"{report['graphs']} graph(s), {len(report['breaks'])} graph break(s)" in line
+    row = comparison.candidates[0]
+    assert ("never" in line) == (row.break_even_steps is None)
+    assert row.break_even_steps is None or f"after {row.break_even_steps:,.0f} steps" in line

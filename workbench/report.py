@@ -118,7 +118,26 @@ def comparison_table(outcome: ComparisonRun) -> str:
     headers = ["config", "median ms", "IQR ms", "speedup", f"{comp.confidence:.0%} CI", "peak memory (Δ)",
                "final-loss Δ", "numerics", "verdict"]  # fmt: skip
     add_utilization_columns(headers, rows, comp)
-    return table(headers, rows) + "\n" + "\n".join(protocol_notes(comp))
+    return table(headers, rows) + "\n" + "\n".join(protocol_notes(comp) + compiled_candidate_lines(outcome))
+
+
+def compiled_candidate_lines(outcome: ComparisonRun) -> list[str]:
+    """One line per compiled candidate: its compile report's counts and first break, and the compile's
+    break-even — why a compiled configuration is (not) faster starts there (`workbench diagnose` says more)."""
+    lines = []
+    runs_of = getattr(outcome, "candidate_runs", None) or []  # a comparison rebuilt from stored rows has none
+    for runs, row in zip(runs_of, outcome.comparison.candidates, strict=False):
+        report = runs[0].compile_report if runs else None
+        if not report:
+            continue
+        counts = compile_lines(report, sites=1)
+        paid = "never" if row.break_even_steps is None else f"after {row.break_even_steps:,.0f} steps"
+        detail = "; ".join(line.strip() for line in counts[1:])
+        lines.append(
+            f"compile report, {row.summary.label}: {counts[0].removeprefix('compile').strip()}; compile pays back "
+            f"{paid}" + (f" ({detail})" if detail else "")
+        )
+    return lines
 
 
 def verdict_text(row: CandidateComparison) -> str:
