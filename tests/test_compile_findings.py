@@ -9,6 +9,7 @@ medians and compile times (extra compile ÷ (eager step − compiled step)).
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 from compiled_workload import norm_gelu_workload
@@ -16,6 +17,7 @@ from compiled_workload import norm_gelu_workload
 from workbench.analysis.compare import compare_trials
 from workbench.analysis.diagnose import diagnose
 from workbench.analysis.findings import Finding
+from workbench.cli import main as cli_main
 from workbench.config import TrainConfig
 from workbench.measure.profile import ProfileOptions
 from workbench.measure.result import TrialResult
@@ -126,3 +128,20 @@ def test_the_comparison_text_carries_a_compiled_candidates_compile_report(trials
     row = comparison.candidates[0]
     assert ("never" in line) == (row.break_even_steps is None)
     assert row.break_even_steps is None or f"after {row.break_even_steps:,.0f} steps" in line
+
+
+def test_cli_diagnose_with_planned_steps_runs_the_baseline_and_judges_the_payback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["diagnose", "--workload", "compiled_workload:norm_gelu_workload", "--warmup", "2", "--steps", "3"]
+    assert cli_main([*args, "--set", "compile=default", "--planned-steps", "1", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    payback = next(f for f in data["diagnosis"]["findings"] if f["title"] == "Compile time not recovered")
+    assert payback["evidence"]["planned_steps"] == 1 and payback["evidence"]["baseline"]
+    assert payback["recommendations"][0]["changes"] == {"compile": "off"}
+
+
+def test_cli_planned_steps_without_compile_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["diagnose", "--workload", "compiled_workload:norm_gelu_workload", "--planned-steps", "100"]
+    assert cli_main(args) != 0
+    assert "--planned-steps judges a compile's payback" in capsys.readouterr().err
