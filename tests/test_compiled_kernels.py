@@ -102,3 +102,16 @@ def test_generated_kernel_names_are_read_as_inductor_writes_them(name: str, expe
 
 def test_a_name_part_that_is_no_op_stays_one_word() -> None:
     assert split_ops("add_notanop_thing") == ["add", "notanop_thing"]
+
+
+def test_the_profiled_steps_after_the_window_add_no_recompile_to_the_report() -> None:
+    # The memory timeline's step runs with one intra-op thread (a profiler workaround), a global-state
+    # guard inductor recompiles on: the report is the trial's own steps, before the workbench's extra ones.
+    options = ProfileOptions(scan_syncs=False, memory_timeline=True)
+    config = TrainConfig(compile="default")
+    result = run_trial(
+        norm_gelu_workload(), config, isolation="inline", warmup=2, steps=3, track_memory=False, profile=options
+    )
+    assert result.ok, result.message
+    assert (result.profile or {}).get("memory_timeline", {}).get("error") is None
+    assert (result.compile_report or {})["recompiles"] == []
