@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import html
 import inspect
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +21,6 @@ pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts" / "browser"
-sys.path.insert(0, str(ROOT / "tests"))  # the compiled-step workloads live beside the unit tests
 
 if (_reason := skip_reason()) is not None:
     pytest.skip(_reason, allow_module_level=True)
