@@ -21,6 +21,7 @@ from workbench.measure.profile import ProfileOptions
 from workbench.measure.result import TrialResult
 from workbench.report import run_summary
 from workbench.trials import run_trial
+from workbench.ui.timeline_view import diff_html
 
 PROFILE = ProfileOptions(scan_syncs=False, memory_timeline=False)
 
@@ -76,6 +77,8 @@ def test_the_op_diff_shows_the_fused_kernels_and_the_launches_side_by_side(trial
     assert "native_layer_norm" in " ".join(row.change for row in appeared)
     assert diff.launches["baseline_launches_per_step"] > diff.launches["candidate_launches_per_step"]
     assert "launches per step" in format_diff(diff)
+    shown = diff_html(diff, limit=200)  # the Timeline tab's diff table
+    assert "launches per step" in shown and "appeared (fused: " in shown
 
 
 def test_the_run_summary_names_the_kernels_and_what_they_fused(trials: dict[str, TrialResult]) -> None:
