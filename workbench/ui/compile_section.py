@@ -51,7 +51,12 @@ def _counts(report: dict[str, Any]) -> str:
 def _kernels_html(profile: dict[str, Any], rows: int) -> str:
     compiled = profile.get("compiled") or {}
     if not compiled:
-        return "<span style='color:#666'>kernels: run with profiling to see what the compiler generated</span>"
+        why = (
+            "the profile ran no compiled graph's code (a backend that generates none, such as 'eager')"
+            if profile
+            else "run with profiling to see what the compiler generated"
+        )
+        return f"<span style='color:#666'>kernels: {why}</span>"
     launches, eager = profile.get("launches_per_step"), compiled.get("eager_launches_per_step")
     head = f"launches per step: {launches:g}" if launches is not None else "launches per step: n/a"
     head += f" (eager: {eager:g})" if eager is not None else ""
