@@ -59,3 +59,25 @@ def test_an_uncompiled_trial_has_no_compile_section() -> None:
         compiled_workload.norm_gelu_workload(), TrainConfig(), isolation="inline", warmup=1, steps=2, track_memory=False
     )
     assert compile_section_html(result) == ""
+
+
+def test_the_app_judges_a_compiled_runs_compile_against_its_eager_baseline(breaking: TrialResult) -> None:
+    pytest.importorskip("jupyter_bokeh")
+    from workbench.ui import Workbench
+
+    eager = run_trial(
+        compiled_workload.breaking_workload(), TrainConfig(), isolation="inline", warmup=1, steps=2, track_memory=False
+    )
+    app = Workbench(device="cpu")
+    try:
+        assert app._eager_baseline(breaking) is None  # no baseline yet: nothing to judge against
+        app.use_stored_baseline(eager)
+        assert app._eager_baseline(breaking) is eager and app._eager_baseline(eager) is None
+        view = DiagnosisView()
+        view.show(breaking, workload=compiled_workload.breaking_workload())
+        assert any("compile payback: not judged" in note for note in view.diagnosis.notes)  # type: ignore[union-attr]
+        judged = DiagnosisView()
+        judged.show(breaking, workload=compiled_workload.breaking_workload(), baseline=eager)
+        assert not any("compile payback" in note for note in judged.diagnosis.notes)  # type: ignore[union-attr]
+    finally:
+        app.close()

@@ -66,14 +66,19 @@ class DiagnosisView(BokehView):
     # --- filling -----------------------------------------------------------------------
 
     def show(
-        self, result: TrialResult, diagnosis: Diagnosis | None = None, workload: Workload | str | None = None
+        self,
+        result: TrialResult,
+        diagnosis: Diagnosis | None = None,
+        workload: Workload | str | None = None,
+        baseline: TrialResult | None = None,
     ) -> None:
         """Show one trial's diagnosis: `diagnosis` if given, else `diagnose_trial`'s (FLOPs counted from
-        `workload`, or from the result's own workload source). The trial shown already is not diagnosed again."""
+        `workload`, or from the result's own workload source; a compiled trial's compile time judged
+        against an uncompiled `baseline`). The trial shown already is not diagnosed again."""
         if diagnosis is None and result is self.result:
             return
         self.result = result
-        self.diagnosis = diagnosis if diagnosis is not None else diagnose_trial(result, workload)
+        self.diagnosis = diagnosis if diagnosis is not None else diagnose_trial(result, workload, baseline=baseline)
         self.message.value = ""
         self.header.value = self._header_html(result, self.diagnosis)
         self.buttons = []
