@@ -16,7 +16,7 @@ from compiled_workload import norm_gelu_workload
 
 from workbench.analysis.trace_diff import diff_trials, format_diff
 from workbench.config import TrainConfig
-from workbench.measure.compiled_kernels import generated_kernel, split_ops
+from workbench.measure.compiled_kernels import generated_kernel, kernel_ranges, split_ops
 from workbench.measure.profile import ProfileOptions
 from workbench.measure.result import TrialResult
 from workbench.report import run_summary
@@ -118,3 +118,21 @@ def test_the_profiled_steps_after_the_window_add_no_recompile_to_the_report() ->
     assert result.ok, result.message
     assert (result.profile or {}).get("memory_timeline", {}).get("error") is None
     assert (result.compile_report or {})["recompiles"] == []
+
+
+def test_kernel_ranges_are_on_only_inside_and_a_moved_setting_is_no_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch._inductor.config as inductor_config
+
+    before = inductor_config.cpp.enable_kernel_profile
+    with kernel_ranges(True):
+        assert inductor_config.cpp.enable_kernel_profile is True
+    assert inductor_config.cpp.enable_kernel_profile == before
+    with kernel_ranges(False):
+        assert inductor_config.cpp.enable_kernel_profile == before
+
+    def moved(*args: Any, **kwargs: Any) -> Any:
+        raise AttributeError("cpp.enable_kernel_profile")
+
+    monkeypatch.setattr(inductor_config, "patch", moved)
+    with kernel_ranges(True):  # the trial runs on; its profile's note says why no CPU kernel is listed
+        assert inductor_config.cpp.enable_kernel_profile == before
