@@ -61,10 +61,21 @@ class RawStep:
 class Writer:
     """Owns the daemon thread; `offer()` is the only call the training thread makes."""
 
-    def __init__(self, store: StoreArg, *, name: str, config: dict[str, Any], warmup: int, device: Any,
-                 flush_s: float, capacity: int, max_rows: int, recent: int,
-                 profiler: WindowProfiler | None = None,
-                 compile_counts: CompileCounts | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: StoreArg,
+        *,
+        name: str,
+        config: dict[str, Any],
+        warmup: int,
+        device: Any,
+        flush_s: float,
+        capacity: int,
+        max_rows: int,
+        recent: int,
+        profiler: WindowProfiler | None = None,
+        compile_counts: CompileCounts | None = None,
+    ) -> None:
         self.name, self.config, self.warmup, self.device = name, config, warmup, device
         self.flush_s = flush_s
         self.capacity = capacity
