@@ -9,6 +9,7 @@ breaks and guards are inductor's; only code generation is skipped.
 
 from __future__ import annotations
 
+import html
 import inspect
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import workbench as wb
 from workbench.cli import main as cli_main
 from workbench.store import Store
 from workbench.store.watched import watched_runs
+from workbench.ui.watch_view import _row as watch_row
 
 
 class Breaks(nn.Module):
@@ -71,6 +73,9 @@ def test_a_compiled_model_with_a_break_and_a_shape_change_has_its_counts_stored(
     assert cli_main(["history", "--store", str(path)]) == 0
     shown = capsys.readouterr().out
     assert "compile: " in shown and "1 graph break(s)" in shown
+    with Store(path) as store:
+        (run,) = watched_runs(store, name="compiled")
+    assert f"first break at {__file__}:{line}" in html.unescape(watch_row(run))  # the Watch panel's row
 
 
 def test_a_job_that_compiles_nothing_has_no_compile_entry(tmp_path: Path) -> None:
