@@ -211,6 +211,8 @@ def test_the_report_round_trips_and_old_results_still_load(reports: dict[str, di
 def test_words_for_a_failed_size_guard_and_a_value_guard() -> None:
     size = guard_words("0/0: tensor 'L['x']' size mismatch at index 1. expected 8, actual 12")
     assert (size.words, size.kind) == ("dim 1 of `x` changed 8 → 12", "size")
+    hidden = guard_words("1/1: tensor 'L['h']' size mismatch at index 0. expected 2, actual 3")
+    assert "`torch._dynamo.mark_dynamic(h, 0)`" in hidden.fix  # the input that changed, not a fixed name
     value = guard_words("0/1: ___stack0 == 9.0887")
     assert value.kind == "value" and "`.item()`" in value.fix
     brk = break_words("Call to `torch._dynamo.graph_break()`\n  Explanation: User-inserted graph break.\n")

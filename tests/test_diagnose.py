@@ -395,9 +395,21 @@ def test_every_finding_comes_from_one_registered_detector_module() -> None:
     from workbench.analysis.detectors.registry import DETECTORS, detector
 
     names = [d.name for d in DETECTORS]
-    assert names[:8] == ["data", "overhead", "syncs", "memory", "threads", "kernels", "ranks", "utilization"]
+    # launch-bound right after overhead: it reads (and, for a compiled trial, supersedes) that finding.
+    assert names[:9] == [
+        "data",
+        "overhead",
+        "launch-bound",
+        "syncs",
+        "memory",
+        "threads",
+        "kernels",
+        "ranks",
+        "utilization",
+    ]
+    assert names[9:] == ["graph-breaks", "recompiles", "compile-payback"]
     assert len(set(names)) == len(names) and all(d.reads for d in DETECTORS)
-    assert detector("ranks") is DETECTORS[6]
+    assert detector("ranks") is DETECTORS[7]
 
 
 def test_the_old_advice_paths_still_import_with_a_warning() -> None:

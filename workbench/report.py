@@ -36,6 +36,9 @@ def run_summary(result: TrialResult, verbose: bool = False) -> str:
         else "loss            n/a",
     ]
     lines += compile_lines(result.compile_report)
+    lines += compiled_kernel_lines(
+        (result.profile or {}).get("compiled"), (result.profile or {}).get("launches_per_step")
+    )
     lines += utilization_lines(result)
     if result.applied:
         lines.append(
@@ -67,6 +70,30 @@ def compile_lines(report: dict[str, Any] | None, sites: int = 3) -> list[str]:
     return lines
 
 
+def compiled_kernel_lines(compiled: dict[str, Any] | None, launches: float | None, top: int = 5) -> list[str]:
+    """What the compiler made of a profiled step: launches against eager, the heaviest generated
+    kernels with the ops each fused, and the extern calls (matmul/conv libraries)."""
+    if not compiled:
+        return []
+    eager = compiled.get("eager_launches_per_step")
+    versus = f" (eager: {eager:g})" if eager is not None else f" (eager: n/a, {compiled.get('eager_note') or '?'})"
+    count = f"{launches:g}" if launches is not None else "n/a"
+    fused = compiled.get("fused") or []
+    share = compiled.get("fused_share")
+    lines = [
+        f"kernels         {count} launches per step{versus}; {len(fused)} generated kernel(s)"
+        + (f", {share:.0%} of op time" if share is not None else "")
+    ]
+    for row in fused[:top]:
+        lines.append(f"  {row['name']}: {row['ms_per_step']:.3f} ms/step, fuses {' + '.join(row['ops'])}")
+    extern = ", ".join(f"{row['name']} x{row['calls_per_step']:g}" for row in compiled.get("extern") or [])
+    if extern:
+        lines.append(f"  extern (library) calls: {extern}")
+    if compiled.get("note"):
+        lines.append(f"  note: {compiled['note']}")
+    return lines
+
+
 def comparison_table(outcome: ComparisonRun) -> str:
     comp = outcome.comparison
     base = comp.baseline
@@ -91,7 +118,26 @@ def comparison_table(outcome: ComparisonRun) -> str:
     headers = ["config", "median ms", "IQR ms", "speedup", f"{comp.confidence:.0%} CI", "peak memory (Δ)",
                "final-loss Δ", "numerics", "verdict"]  # fmt: skip
     add_utilization_columns(headers, rows, comp)
-    return table(headers, rows) + "\n" + "\n".join(protocol_notes(comp))
+    return table(headers, rows) + "\n" + "\n".join(protocol_notes(comp) + compiled_candidate_lines(outcome))
+
+
+def compiled_candidate_lines(outcome: ComparisonRun) -> list[str]:
+    """One line per compiled candidate: its compile report's counts and first break, and the compile's
+    break-even — why a compiled configuration is (not) faster starts there (`workbench diagnose` says more)."""
+    lines = []
+    runs_of = getattr(outcome, "candidate_runs", None) or []  # a comparison rebuilt from stored rows has none
+    for runs, row in zip(runs_of, outcome.comparison.candidates, strict=False):
+        report = runs[0].compile_report if runs else None
+        if not report:
+            continue
+        counts = compile_lines(report, sites=1)
+        paid = "never" if row.break_even_steps is None else f"after {row.break_even_steps:,.0f} steps"
+        detail = "; ".join(line.strip() for line in counts[1:])
+        lines.append(
+            f"compile report, {row.summary.label}: {counts[0].removeprefix('compile').strip()}; compile pays back "
+            f"{paid}" + (f" ({detail})" if detail else "")
+        )
+    return lines
 
 
 def verdict_text(row: CandidateComparison) -> str:

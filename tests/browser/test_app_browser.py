@@ -165,3 +165,33 @@ def test_copy_and_insert_the_exported_snippet(page: Page) -> None:
         time.sleep(0.2)
     assert all(line in inserted.inner_text() for line in opening), (opening, inserted.inner_text()[:300])
     _shot(page, "inserted")
+
+
+def test_the_diagnosis_tab_shows_a_compiled_runs_compile_section(page: Page) -> None:
+    """A compiled, profiled baseline run from the app: its Diagnosis tab has the Compile section (counts,
+    compile time by stage). backend='eager' keeps the compile to dynamo's capture (seconds)."""
+    _run_cell(page, 1)  # imports and settings (run again after the tests above: harmless)
+    cells = page.locator(".jp-NotebookPanel .jp-Cell")
+    last = cells.count() - 1
+    cells.nth(last).click()
+    page.keyboard.press("Escape")
+    page.keyboard.press("b")  # a new code cell below
+    code = (
+        "from workbench.config import TrainConfig\n"
+        "compiled = Workbench('bev-perception', preset=PRESET, warmup=1, steps=2)\n"
+        "compiled.profile_box.value = True\n"
+        "compiled.run_baseline(TrainConfig(compile='default', compile_backend='eager')); compiled.wait()\n"
+        "compiled"
+    )
+    editor = cells.nth(last + 1).locator(".jp-InputArea-editor")
+    editor.click()
+    page.keyboard.insert_text(code)
+    page.keyboard.press("Control+Enter")
+    out = page.locator(".jp-NotebookPanel .jp-Cell").nth(last + 1)
+    out.locator(".lm-TabBar-tab:has-text('Diagnosis')").first.click(timeout=400_000)
+    section = out.locator(".workbench-compile")
+    section.wait_for(state="visible", timeout=400_000)
+    text = section.inner_text()
+    assert "Compile" in text and "graph break(s)" in text and "compile time by stage: dynamo" in text, text
+    section.scroll_into_view_if_needed()
+    _shot(page, "compile-section")

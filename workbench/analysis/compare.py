@@ -36,6 +36,9 @@ __all__ = ["Comparison", "Noise", "UnitLog", "Verdict", "compare_trials", "compa
 
 HOST_BUSY_CORES = 0.3
 """Average cores used by other processes during a comparison above which it carries a warning."""
+DEFAULT_PLANNED_STEPS = 10_000
+"""Steps of the user's real run that one compile is spread over, unless they say otherwise (the
+tuner's amortized cost and the diagnosis's compile payback read the same number)."""
 
 
 @dataclass
@@ -479,10 +482,16 @@ def _break_even(base: TrialSummary, cand: TrialSummary, speedup: float) -> float
     """Compile cost ÷ the per-step saving the calibrated speedup implies on the baseline's step."""
     if not cand.compile_time_s or base.median_step_ms is None:
         return None
-    saving_s = base.median_step_ms * (1.0 - 1.0 / speedup) / 1000.0
+    return break_even_steps(base.median_step_ms, speedup, cand.compile_time_s - base.compile_time_s)
+
+
+def break_even_steps(base_step_ms: float, speedup: float, extra_compile_s: float) -> float | None:
+    """Steps a run needs before a `speedup` on a `base_step_ms` step has paid `extra_compile_s` of
+    compile back; None when the candidate is not faster (it never pays back)."""
+    saving_s = base_step_ms * (1.0 - 1.0 / speedup) / 1000.0 if speedup > 0 else 0.0
     if saving_s <= 0:
         return None
-    return max(0.0, cand.compile_time_s - base.compile_time_s) / saving_s
+    return max(0.0, extra_compile_s) / saving_s
 
 
 def _pooled_steps(runs: Sequence[TrialResult]) -> np.ndarray:

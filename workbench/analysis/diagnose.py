@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.analysis.advice import Context
+from workbench.analysis.compare import DEFAULT_PLANNED_STEPS
 from workbench.analysis.detectors.base import Evidence
 from workbench.analysis.detectors.data import DATA_SHARE as DATA_SHARE  # re-exported: the thresholds lived here
 from workbench.analysis.detectors.kernels import COMPUTE_HEAVY_SHARE as COMPUTE_HEAVY_SHARE
@@ -35,8 +36,16 @@ from workbench.config import TrainConfig, resolved_optimizer_impl
 from workbench.measure.result import TrialResult
 
 
-def diagnose(result: TrialResult, flops: FlopCount | int | None = None) -> Diagnosis:
-    """Findings for one finished trial; `flops` (per step) enables MFU."""
+def diagnose(
+    result: TrialResult,
+    flops: FlopCount | int | None = None,
+    *,
+    baseline: TrialResult | None = None,
+    planned_steps: int = DEFAULT_PLANNED_STEPS,
+) -> Diagnosis:
+    """Findings for one finished trial; `flops` (per step) enables MFU; an uncompiled `baseline` of the
+    same workload and the run's `planned_steps` let a compiled trial's compile time be judged."""
+    _check_payback_inputs(baseline, planned_steps)
     if not result.ok or not result.step_ms:
         return Diagnosis(result.trial_id, [], None, [f"trial status {result.status}: nothing to diagnose"])
     ctx = _context(result)
@@ -48,13 +57,20 @@ def diagnose(result: TrialResult, flops: FlopCount | int | None = None) -> Diagn
     profile = result.profile or {}
     if not profile:
         notes.append("no profiled window (run with profile=True): only the data and memory checks ran")
-    ev = Evidence(result, ctx, profile, result.phase_medians_ms(), mfu)
+    ev = Evidence(result, ctx, profile, result.phase_medians_ms(), mfu, baseline=baseline, planned_steps=planned_steps)
     for item in DETECTORS:
         ev.findings.extend(item.find(ev))
     for item in DETECTORS:
         notes += item.notes(ev) if item.notes is not None else []
     findings = sorted(ev.findings, key=lambda f: (f.severity != "bottleneck", -f.score))
     return Diagnosis(result.trial_id, findings, mfu, notes)
+
+
+def _check_payback_inputs(baseline: Any, planned_steps: Any) -> None:
+    if baseline is not None and not isinstance(baseline, TrialResult):
+        raise TypeError(f"baseline must be a TrialResult (an uncompiled trial of the same workload), got {baseline!r}")
+    if isinstance(planned_steps, bool) or not isinstance(planned_steps, int) or planned_steps < 1:
+        raise ValueError(f"planned_steps must be a whole number >= 1 (steps of your real run), got {planned_steps!r}")
 
 
 def ctx_device_name(result: TrialResult) -> str:
@@ -75,7 +91,13 @@ def _context(result: TrialResult) -> Context:
     )
 
 
-def diagnose_trial(result: TrialResult, workload: Any = None) -> Diagnosis:
+def diagnose_trial(
+    result: TrialResult,
+    workload: Any = None,
+    *,
+    baseline: TrialResult | None = None,
+    planned_steps: int = DEFAULT_PLANNED_STEPS,
+) -> Diagnosis:
     """`diagnose` with the FLOPs counted for you (fake tensors, seconds), from `workload` or the
     result's own workload source (built-ins and 'module:attr' specs rebuild by name)."""
     from workbench.analysis.flops import step_flops
@@ -94,7 +116,7 @@ def diagnose_trial(result: TrialResult, workload: Any = None) -> Diagnosis:
         # FLOPs are evidence for MFU only: a model that fake tensors cannot run still gets a diagnosis.
         except Exception as exc:
             note = f"FLOPs not counted: {type(exc).__name__}: {exc}"
-    diagnosis = diagnose(result, flops)
+    diagnosis = diagnose(result, flops, baseline=baseline, planned_steps=planned_steps)
     if note:
         diagnosis.notes.append(note)
     elif flops is None and result.ok:

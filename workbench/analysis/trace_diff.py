@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from workbench.measure.compiled_kernels import generated_kernel
 from workbench.measure.result import TrialResult
 
 
@@ -54,7 +55,7 @@ class TraceDiff:
     """The fraction of profiled_delta_ms they account for: the profiler slows both sides unevenly, so
     explained_share can pass 1.0 where this one stays a plain share."""
     launches: dict[str, float | None] = field(default_factory=dict)
-    """Ops (and on CUDA kernels) per step, baseline and candidate."""
+    """Ops, launches (leaf ops on CPU) and on CUDA kernels per step, baseline and candidate."""
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -119,10 +120,11 @@ def diff_tables(baseline: list[dict[str, Any]], candidate: list[dict[str, Any]])
 
 
 def _change(base: dict[str, Any] | None, cand: dict[str, Any] | None) -> str:
-    if base is None:
-        return "appeared"
-    if cand is None:
-        return "disappeared"
+    if base is None or cand is None:
+        row = base if cand is None else cand
+        generated = generated_kernel(str(row["name"])) if row else None
+        fused = f" (fused: {'+'.join(generated[1])})" if generated else ""
+        return ("appeared" if base is None else "disappeared") + fused
     b_types, c_types = list(base.get("dtypes", [])), list(cand.get("dtypes", []))
     if b_types != c_types and b_types and c_types:
         return f"dtype {'/'.join(b_types)} -> {'/'.join(c_types)}"
@@ -153,6 +155,8 @@ def _launches(base: dict[str, Any], cand: dict[str, Any]) -> dict[str, float | N
         "candidate_ops_per_step": cand.get("ops_per_step"),
     }
     for side, profile in (("baseline", base), ("candidate", cand)):
+        if profile.get("launches_per_step") is not None:
+            out[f"{side}_launches_per_step"] = profile["launches_per_step"]
         kernels = (profile.get("overhead") or {}).get("kernels_per_step")
         if kernels is not None:
             out[f"{side}_kernels_per_step"] = kernels
@@ -190,6 +194,15 @@ def format_diff(diff: TraceDiff, *, max_name: int = 48) -> str:
     head += f"{diff.measured_delta_ms:+.1f} ms" if diff.measured_delta_ms is not None else "n/a"
     head += f", profiled ops {diff.profiled_delta_ms:+.1f} ms/step"
     lines = [head]
+    launches = diff.launches
+    if (
+        launches.get("baseline_launches_per_step") is not None
+        and launches.get("candidate_launches_per_step") is not None
+    ):
+        lines.append(
+            f"launches per step (leaf ops on CPU, kernels on CUDA): {launches['baseline_launches_per_step']:g} -> "
+            f"{launches['candidate_launches_per_step']:g}"
+        )
     for title, rows in (("ops", diff.rows), ("CUDA kernels", diff.kernel_rows)):
         if not rows:
             continue

@@ -19,6 +19,14 @@ def add_commands(sub: Any) -> None:
     add_trial_args(diagnose, steps=DIAGNOSE_STEPS)
     add_set_arg(diagnose)
     diagnose.add_argument("--trace-dir", default=None, help="where the gzip profiler trace goes (default: tmp)")
+    diagnose.add_argument(
+        "--planned-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a compiled config: also run it uncompiled and judge whether the compile pays back "
+        "within N steps of your real run",
+    )
     diagnose.set_defaults(handler=_cmd_diagnose, runs_trials=True)
 
     estimate = sub.add_parser("estimate", help="peak memory of a config on a GPU, and the largest batch that fits")
@@ -34,17 +42,31 @@ def add_commands(sub: Any) -> None:
 
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:
+    from workbench.analysis.compare import DEFAULT_PLANNED_STEPS
     from workbench.analysis.diagnose import diagnose_trial
     from workbench.measure.profile import ProfileOptions
     from workbench.progress import ProgressLine
     from workbench.trials import run_trial
 
     config = config_from(args.overrides)
+    planned = _planned_steps(args.planned_steps, config)
     options = ProfileOptions(trace_dir=args.trace_dir)
+    baseline = None
     with ProgressLine(enabled=not args.quiet and not args.json) as progress:
         result = run_trial(args.workload, config, warmup=args.warmup, steps=args.steps, device=args.device,
                            preset=args.preset, on_event=progress, timeout_s=args.timeout, profile=options)  # fmt: skip
-    diagnosis = diagnose_trial(result)
+        if planned is not None and result.ok:
+            baseline = run_trial(
+                args.workload,
+                config.replace(compile="off"),
+                warmup=args.warmup,
+                steps=args.steps,
+                device=args.device,
+                preset=args.preset,
+                on_event=progress,
+                timeout_s=args.timeout,
+            )
+    diagnosis = diagnose_trial(result, baseline=baseline, planned_steps=planned or DEFAULT_PLANNED_STEPS)
     if args.json:
         print(json.dumps({"result": result.to_dict(), "diagnosis": diagnosis.to_dict()}, indent=2, default=str))
     else:
@@ -54,6 +76,17 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
         print()
         print(diagnosis.to_text(result))
     return 0 if result.ok else EXIT_FAILED_TRIAL
+
+
+def _planned_steps(value: int | None, config: Any) -> int | None:
+    """--planned-steps asks for an uncompiled baseline run: only a compiled config has a compile to pay back."""
+    if value is None:
+        return None
+    if value < 1:
+        raise ConfigError(f"--planned-steps must be a whole number of steps >= 1, got {value}")
+    if config.compile == "off":
+        raise ConfigError("--planned-steps judges a compile's payback: add --set compile=default (or another mode)")
+    return value
 
 
 def _cmd_estimate(args: argparse.Namespace) -> int:

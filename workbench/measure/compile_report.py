@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import sysconfig
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -127,6 +128,10 @@ def _break_reasons() -> list[Any] | None:
     return graph_break_reasons if isinstance(graph_break_reasons, list) else None
 
 
+def _stdlib_dir() -> str:
+    return os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+
+
 def _torch_dir() -> str:
     import torch
 
@@ -134,10 +139,17 @@ def _torch_dir() -> str:
 
 
 def user_frame(stack: list[Any]) -> Any | None:
-    """The innermost frame outside torch's own files (the user's or the workload's code)."""
-    inside = _torch_dir()
-    outside = [f for f in stack if not os.path.abspath(f.filename).startswith(inside)]
-    return outside[-1] if outside else (stack[-1] if stack else None)
+    """The innermost frame outside torch's own files and Python's standard library (the user's or the
+    workload's code); for a break wholly inside torch (DDP's own forward, when the DDP wrapper is
+    compiled), the innermost torch frame outside dynamo: a `contextlib` line would name neither."""
+    internal = (_torch_dir(), _stdlib_dir())
+    outside = [f for f in stack if not os.path.abspath(f.filename).startswith(internal)]
+    if outside:
+        return outside[-1]
+    dynamo = os.path.join(internal[0], "_dynamo") + os.sep  # its polyfills stand in for the code they replace
+    in_torch = [f for f in stack if os.path.abspath(f.filename).startswith(internal[0])]
+    in_torch = [f for f in in_torch if not os.path.abspath(f.filename).startswith(dynamo)] or in_torch
+    return in_torch[-1] if in_torch else (stack[-1] if stack else None)
 
 
 def _breaks_from_reasons(reasons: list[Any]) -> list[dict[str, Any]]:

@@ -125,7 +125,7 @@ def guard_words(reason: str) -> GuardWords:
         name, dim, old, new = _name(size["name"]), size["dim"], size["old"], size["new"]
         what = "dim" if size["what"] == "size" else "stride of dim"
         fix = (
-            f"mark dim {dim} of `{name}` dynamic (`torch._dynamo.mark_dynamic(x, {dim})`) or compile with "
+            f"mark dim {dim} of `{name}` dynamic (`torch._dynamo.mark_dynamic({name}, {dim})`) or compile with "
             "dynamic=True; where only a few sizes occur, pad the inputs to a few buckets"
         )
         return GuardWords(f"{what} {dim} of `{name}` changed {old} → {new}", "size", fix)

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from workbench.measure.compiled_kernels import compiled_kernels, launches, median_launch_us
 from workbench.measure.memory_timeline import MemoryTimelineUnavailable, record_memory_timeline
 from workbench.measure.op_table import kernel_table, kineto_dtypes, op_table
 from workbench.measure.ranges import COMPUTE_PHASES as COMPUTE_PHASES
@@ -125,6 +126,15 @@ class ProfileSummary:
     """One step's memory over time by category, its phases and peak (`measure.memory_timeline`), or 'error'."""
     step_timeline: dict[str, Any] = field(default_factory=dict)
     """Gantt summary of the recorded steps: phases per step and top ops (`measure.step_timeline`)."""
+    launches_per_step: float | None = None
+    """Launches per step in the compute phases: device kernels on CUDA, leaf operator calls on CPU
+    (`measure.compiled_kernels.launches`; None in results recorded before it was)."""
+    median_launch_us: float | None = None
+    """Median time of one launch's work: a kernel's device time on CUDA, a leaf op's self time on CPU."""
+    compiled: dict[str, Any] = field(default_factory=dict)
+    """A compiled step's kernels ({} when none ran): eager_launches_per_step (the same step run eagerly), fused
+    (generated kernels ranked by time, each with the ATen ops it fused), extern, fused_share, note
+    (`measure.compiled_kernels`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -161,6 +171,8 @@ def profile_window(
             synchronize(dev)
             prof.step()
     summary: ProfileSummary = captured["summary"]
+    if summary.compiled:
+        summary.compiled.update(_eager_launches(train_step, batches, config))
     if options.memory_timeline:
         summary.memory_timeline = _memory_timeline(train_step, batches, config)
     if options.scan_syncs:
@@ -192,6 +204,29 @@ def _memory_timeline(train_step: TrainStep, batches: Iterator[Any], config: Trai
         return {"error": str(exc)}
     except Exception as exc:  # an optional view: its failure must not discard the profiled window
         return {"error": f"the memory profiler failed ({type(exc).__name__}: {exc})"}
+
+
+def _eager_launches(train_step: TrainStep, batches: Iterator[Any], config: TrainConfig) -> dict[str, Any]:
+    """The same step run eagerly once more, under the profiler: its launches per step, the
+    number a compiled step's launches are read against ('eager_note' says why there is none)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    set_stance = getattr(torch.compiler, "set_stance", None)  # torch >= 2.6
+    if set_stance is None:
+        return {"eager_launches_per_step": None, "eager_note": f"torch {torch.__version__} has no set_stance"}
+    dev = train_step.device
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    try:
+        with set_stance("force_eager"), profile(activities=activities) as prof:
+            _profiled_step(train_step, batches, config)
+            synchronize(dev)
+    except Exception as exc:  # an optional figure: its failure must not discard the profiled window
+        return {"eager_launches_per_step": None, "eager_note": f"the eager step failed ({type(exc).__name__}: {exc})"}
+    events = list(prof.events())
+    windows = _compute_windows(events)
+    count = launches(events, dev.type, lambda e: _inside(e.time_range.start, windows))
+    return {"eager_launches_per_step": float(count), "eager_note": ""}
 
 
 def _profiled_step(train_step: TrainStep, batches: Iterator[Any], config: TrainConfig, ranges: bool = True) -> None:
@@ -259,7 +294,14 @@ def _summarize(prof: Any, device_type: str, options: ProfileOptions, floor_us: f
     summary.step_timeline = step_timeline(events, RANGE_PREFIX, max_steps=options.timeline_steps)
     if device_type == "cuda":
         summary.kernel_table = kernel_table(events, active)
-    windows = _merge([(e.time_range.start, e.time_range.end) for e in events if _is_compute_range(e.name)])
+    windows = _compute_windows(events)
+
+    def inside(event: Any) -> bool:
+        return _inside(event.time_range.start, windows)
+
+    summary.launches_per_step = launches(events, device_type, inside) / active
+    summary.median_launch_us = median_launch_us(events, device_type, inside)
+    summary.compiled = compiled_kernels(events, device_type, active, inside)
     host_ops = [e for e in events if _is_host_op(e) and _inside(e.time_range.start, windows)]
     summary.ops_per_step = len(host_ops) / active
     if device_type == "cuda":
@@ -364,6 +406,11 @@ def _op_floor_us(record_shapes: bool) -> float:
             torch.add(x, x)
     selfs = [e.self_cpu_time_total for e in prof.events() if e.name == "aten::add"]
     return float(statistics.median(selfs)) if selfs else 0.0
+
+
+def _compute_windows(events: list[Any]) -> list[tuple[float, float]]:
+    """The compute phases' (forward, backward, optimizer) time ranges, merged."""
+    return _merge([(e.time_range.start, e.time_range.end) for e in events if _is_compute_range(e.name)])
 
 
 def _is_compute_range(name: str) -> bool:

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.config import ConfigError, TrainConfig
 from workbench.measure.compile_cache import cache_counts, cache_state
-from workbench.measure.compile_report import CompileWatch, fullgraph_failure, reset_compiler
+from workbench.measure.compile_report import CompileReport, CompileWatch, fullgraph_failure, reset_compiler
+from workbench.measure.compiled_kernels import kernel_ranges
 from workbench.measure.events import EventSink, TrialFinished, TrialStarted
 from workbench.measure.memory import track_step_memory
 from workbench.measure.outcome import start_result, status_of
@@ -58,22 +59,28 @@ def run_trial_inline(
     emit(TrialStarted(result.trial_id, wl.describe(), result.config, request.warmup, request.steps, str(dev)))
     started = time.perf_counter()
     watch: CompileWatch | None = None
+    report: CompileReport | None = None
     try:
         _check_cancel(cancel)
         cache_before = cache_counts() if config.compile != "off" else None
         if config.compile != "off":
             reset_compiler()  # the report and the compile time are this trial's, as in a fresh worker
             watch = CompileWatch()
-        train_step = build(wl, config, dev, checked=True)
-        result.applied = [{"toggle": a.toggle, "value": a.value, "detail": a.detail} for a in train_step.applied]
-        batches = wl.batches(config)
-        losses = LossLog(dev, warmup=request.warmup, steps=request.steps)
-        run_window(train_step, batches, result, emit, losses, check=lambda: _check_cancel(cancel))
-        if result.status == "ok":
-            _read_host_memory(train_step, batches, result, request.track_memory)
-        if request.profile is not None and result.status == "ok":
-            _check_cancel(cancel)
-            _profile_after_window(train_step, batches, config, result, request.profile)
+        # A profiled compiled trial compiles its CPU kernels with profiler ranges, so the profile can list them.
+        with kernel_ranges(request.profile is not None and config.compile != "off"):
+            train_step = build(wl, config, dev, checked=True)
+            result.applied = [{"toggle": a.toggle, "value": a.value, "detail": a.detail} for a in train_step.applied]
+            batches = wl.batches(config)
+            losses = LossLog(dev, warmup=request.warmup, steps=request.steps)
+            run_window(train_step, batches, result, emit, losses, check=lambda: _check_cancel(cancel))
+            # The report is the trial's own steps: the extra steps after the window are the workbench's, and
+            # the memory timeline's runs on one intra-op thread, a global-state guard inductor recompiles on.
+            report = watch.report() if watch is not None else None
+            if result.status == "ok":
+                _read_host_memory(train_step, batches, result, request.track_memory)
+            if request.profile is not None and result.status == "ok":
+                _check_cancel(cancel)
+                _profile_after_window(train_step, batches, config, result, request.profile)
         result.compile_cache = cache_state(cache_before) if cache_before is not None else None
     except (ConfigError, WorkloadError):
         raise
@@ -84,8 +91,8 @@ def run_trial_inline(
         refused = fullgraph_failure(exc) if config.compile_fullgraph else None
         if refused is not None:  # the break and its line, not dynamo's traceback
             result.message = refused
-    if watch is not None:
-        result.compile_report = watch.report().to_dict()
+    if watch is not None:  # a trial that failed before its window ended is reported as far as it got
+        result.compile_report = (report or watch.report()).to_dict()
     result.wall_time_s = time.perf_counter() - started
     emit(TrialFinished(result.trial_id, result))
     return result

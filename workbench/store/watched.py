@@ -43,6 +43,18 @@ STEP_FIELDS = (
 )
 
 
+def compile_line(compiled: dict[str, Any] | None) -> str:
+    """A watched run's compile counts and first break site in one line ('' when it compiled nothing)."""
+    if not compiled:
+        return ""
+    first = compiled["break_sites"][0] if compiled.get("break_sites") else None
+    where = f"; first break at {first['where']} ({first['reason_class']})" if first else ""
+    return (
+        f"compile: {compiled['graphs']} graph(s), {compiled['graph_breaks']} graph break(s), "
+        f"{compiled['recompiles']} recompile(s){where}"
+    )
+
+
 @dataclass(frozen=True)
 class StepRow:
     """One stored step row: `steps` consecutive steps from `first_step`, their means (peak: max)."""
@@ -100,9 +112,16 @@ class WatchedRun:
         step = self.summary.get("first_nonfinite_loss_step")
         return f"non-finite loss from step {step}" if step is not None else ""
 
+    @property
+    def compiled(self) -> str:
+        """'compile: 2 graph(s), 1 graph break(s), 2 recompile(s); first break at model.py:42 (explicit)'
+        for a job that compiled (`workbench.watch.compiled`), else ''."""
+        return compile_line(self.summary.get("compile"))
+
     def history_row(self) -> HistoryRow:
         """This run as a line of `workbench history` (kind 'watch'; trial id 'watch-<run id>')."""
-        message = "; ".join(m for m in (self.nonfinite_loss, self.message) if m) or f"last step {self.last_step}"
+        notes = (self.nonfinite_loss, self.compiled, self.message)
+        message = "; ".join(m for m in notes if m) or f"last step {self.last_step}"
         label = self.name if self.rank is None else f"{self.name} rank {self.rank}/{self.world_size}"
         return HistoryRow(
             id=self.run_id, run_id=self.run_id, kind="watch", label=label, trial_id=f"watch-{self.run_id}",

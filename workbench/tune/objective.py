@@ -16,6 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
+from workbench.analysis.compare import DEFAULT_PLANNED_STEPS as DEFAULT_PLANNED_STEPS
 from workbench.analysis.compare import CandidateComparison, TrialSummary
 from workbench.analysis.intervals import SpeedupEstimate, verdict_for
 from workbench.analysis.numerics import check_numerics
@@ -23,9 +24,6 @@ from workbench.config import ConfigError
 from workbench.measure.result import TrialResult
 
 ObjectiveKind = Literal["step-time", "throughput"]
-
-DEFAULT_PLANNED_STEPS = 10_000
-"""Steps of the user's real run that one compile is spread over, unless they say otherwise."""
 
 
 @dataclass(frozen=True)

@@ -161,6 +161,14 @@ class Workbench:
             self.timeline.shown = shown
             self.timeline.show(baseline, candidate)
 
+    def _eager_baseline(self, latest: TrialResult) -> TrialResult | None:
+        """The uncompiled baseline a compiled run's compile time is judged against (None if there is none)."""
+        if TrainConfig.from_dict(latest.config).compile == "off":
+            return None
+        baselines = [r for e in self.entries if e.role == "baseline" for r in e.results() if r.ok]
+        eager = [r for r in baselines if TrainConfig.from_dict(r.config).compile == "off"]
+        return eager[-1] if eager else None
+
     def cancel(self) -> None:
         """Stop the running trial (its worker process ends) and drop the queued ones."""
         self.runner.cancel_all()
@@ -429,7 +437,8 @@ class Workbench:
         self.export.set_choices(choices, winner)
         done = [r for r in self.records if r.result is not None]
         if done and done[-1].result is not None and done[-1].result.ok:
-            self.diagnosis.show(done[-1].result, workload=done[-1].entry.spec.workload)
+            latest = done[-1].result
+            self.diagnosis.show(latest, workload=done[-1].entry.spec.workload, baseline=self._eager_baseline(latest))
             self.ranks.value = render_ranks(done[-1].result)
             self._show_timeline(done[-1].result)
         if done and not self.runner.busy:

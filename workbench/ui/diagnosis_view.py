@@ -1,4 +1,5 @@
-"""The Diagnosis tab: findings with their evidence, an Apply button per recommendation, memory and top operators.
+"""The Diagnosis tab: findings with their evidence, an Apply button per recommendation, a compiled
+trial's Compile section, memory and top operators.
 
 A thin view: findings come from `analysis.diagnose.diagnose_trial`, the CLI's own entry point
 (FLOPs counted, so MFU shows here as it does there), memory rows from
@@ -25,6 +26,7 @@ from workbench.analysis.memory_breakdown import MemoryRow, category_rows, module
 from workbench.config import ConfigError, TrainConfig
 from workbench.measure.result import TrialResult
 from workbench.ui.bokeh_view import BokehView
+from workbench.ui.compile_section import compile_section_html
 from workbench.workloads import Workload
 
 _MIB = float(2**20)
@@ -50,6 +52,7 @@ class DiagnosisView(BokehView):
 
         self.header = widgets.HTML("<i>Run a trial with profiling to see why its step is slow.</i>")
         self.findings = widgets.VBox()
+        self.compile = widgets.HTML()
         self.operators = widgets.HTML()
         self.message = widgets.HTML()
         self.categories = ColumnDataSource({name: [] for name in _COLUMNS}, name="memory_categories")
@@ -58,23 +61,29 @@ class DiagnosisView(BokehView):
         self._module_fig = _bars("Activations held, by module", self.modules, "#dd8452")
         self._memory_data: tuple[list[MemoryRow], list[MemoryRow]] = ([], [])
         chart = self.bokeh_model(row(self._category_fig, self._module_fig))
-        self.widget = widgets.VBox([self.header, self.findings, chart, self.operators, self.message])
+        self.widget = widgets.VBox([self.header, self.findings, self.compile, chart, self.operators, self.message])
 
     # --- filling -----------------------------------------------------------------------
 
     def show(
-        self, result: TrialResult, diagnosis: Diagnosis | None = None, workload: Workload | str | None = None
+        self,
+        result: TrialResult,
+        diagnosis: Diagnosis | None = None,
+        workload: Workload | str | None = None,
+        baseline: TrialResult | None = None,
     ) -> None:
         """Show one trial's diagnosis: `diagnosis` if given, else `diagnose_trial`'s (FLOPs counted from
-        `workload`, or from the result's own workload source). The trial shown already is not diagnosed again."""
+        `workload`, or from the result's own workload source; a compiled trial's compile time judged
+        against an uncompiled `baseline`). The trial shown already is not diagnosed again."""
         if diagnosis is None and result is self.result:
             return
         self.result = result
-        self.diagnosis = diagnosis if diagnosis is not None else diagnose_trial(result, workload)
+        self.diagnosis = diagnosis if diagnosis is not None else diagnose_trial(result, workload, baseline=baseline)
         self.message.value = ""
         self.header.value = self._header_html(result, self.diagnosis)
         self.buttons = []
         self.findings.children = [self._finding_box(index, f) for index, f in enumerate(self.diagnosis.findings)]
+        self.compile.value = compile_section_html(result)
         self._memory_data = (category_rows(result.memory_breakdown), module_rows(result.memory_modules))
         self.resend()
         self.operators.value = _operators_html((result.profile or {}).get("top_ops") or [])

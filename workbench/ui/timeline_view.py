@@ -180,8 +180,15 @@ def diff_html(diff: Any, limit: int = 12) -> str:
     )  # fmt: skip
     measured = f"{diff.measured_delta_ms:+.1f} ms" if diff.measured_delta_ms is not None else "n/a"
     explained = f"; the rows explain {diff.explained_share:.0%} of it" if diff.explained_share is not None else ""
+    explained += _launches_note(diff.launches)
     return (f"<b>What changed</b> (per profiled step; measured step-time change {measured}{explained})"
             f"<table class='workbench-diff'>{head}{body}</table>")  # fmt: skip
+
+
+def _launches_note(launches: dict[str, Any]) -> str:
+    """'; launches per step 166 → 137': a compiled candidate's fewer, fused kernels in one number."""
+    base, cand = launches.get("baseline_launches_per_step"), launches.get("candidate_launches_per_step")
+    return f"; launches per step {base:g} → {cand:g}" if base is not None and cand is not None else ""
 
 
 def _recompute_note(timeline: dict[str, Any]) -> str:

@@ -214,7 +214,7 @@ def _label(run: WatchedRun) -> str:
 
 def _row(run: WatchedRun) -> str:
     s, window = run.summary, run.summary.get("window") or {}
-    state = "; ".join(m for m in (run.message, run.nonfinite_loss) if m)
+    state = "; ".join(m for m in (run.message, run.nonfinite_loss, run.compiled) if m)
     cells = [_label(run), run.status + (f": {state}" if state else ""), str(run.last_step),
              _ms(s.get("steady_median_ms")), _ms(s.get("steady_data_ms")), format_bytes(s.get("peak_memory_bytes")),
              _pct(window.get("cpu_pct")), _pct(window.get("gpu_util_pct"))]  # fmt: skip

@@ -33,7 +33,7 @@ from workbench.analysis.stragglers import (
 from workbench.distributed.failures import RankFailure, consequence_of, explain_failures
 from workbench.store import DEFAULT_STORE, StoreArg, opened_store
 from workbench.store.core import Store
-from workbench.store.watched import StepRow, WatchedRun, watch_steps, watched_runs
+from workbench.store.watched import StepRow, WatchedRun, compile_line, watch_steps, watched_runs
 from workbench.textfmt import format_ms
 
 
@@ -50,6 +50,8 @@ class RankFigures:
     failure: dict[str, Any] | None = None
     """How this rank failed or was killed (`RankFailure` fields), None while it runs or when it ended well."""
     first_nonfinite_loss_step: int | None = None
+    compile: dict[str, Any] | None = None
+    """What this rank compiled: graphs, graph breaks, recompiles (`watch.compiled`); None if nothing."""
 
     @property
     def before_collective_ms(self) -> float | None:
@@ -130,6 +132,8 @@ class WatchedJob:
                 f"  rank {r.rank}: step {ms(r.step_ms)}, data wait {ms(r.data_ms)}, forward "
                 f"{ms(r.forward_ms)}{_timeline(paces.get(r.rank))}, last step {r.last_step} ({r.status}){loss}"
             )
+            if r.compile:
+                lines.append(f"    {compile_line(r.compile)}")
         return "\n".join(lines)
 
     def _failures(self) -> list[RankFailure]:
@@ -253,6 +257,7 @@ def _figures(run: WatchedRun) -> RankFigures:
         run.message,
         _failure(run),
         s.get("first_nonfinite_loss_step"),
+        s.get("compile"),
     )
 
 

@@ -24,6 +24,7 @@ from workbench.measure.schedstat import thread_times
 from workbench.measure.syncwait import EntryWait, GradReady
 from workbench.store import DEFAULT_STORE, StoreArg
 from workbench.store.watch_profiles import MAX_STEPS
+from workbench.watch.compiled import start_compile_counts
 from workbench.watch.ending import (
     EXITED_OPEN,
     PROCESS_END_TIMEOUT_S,
@@ -67,9 +68,19 @@ class Watch:
         self.device = _device_of(model)
         self._cuda = self.device.type == "cuda"
         self._profiler = WindowProfiler(self.device)
-        self._writer = Writer(store, name=self.name, config=self.config, warmup=warmup, device=self.device,
-                              flush_s=flush_s, capacity=capacity, max_rows=max_rows, recent=recent,
-                              profiler=self._profiler)  # fmt: skip
+        self._writer = Writer(
+            store,
+            name=self.name,
+            config=self.config,
+            warmup=warmup,
+            device=self.device,
+            flush_s=flush_s,
+            capacity=capacity,
+            max_rows=max_rows,
+            recent=recent,
+            profiler=self._profiler,
+            compile_counts=start_compile_counts(),
+        )
         self.steps = 0
         self._state = "new"  # new -> active -> closed; 'inert' for a watch nested in another
         self._guard: ProcessGuard | None = None

@@ -30,6 +30,7 @@ from workbench.store import DEFAULT_STORE, StoreArg, default_store_path
 from workbench.store.core import Store
 from workbench.store.watch_profiles import save_profile, take_request
 from workbench.store.watched import StepRow, flush_watch_run, start_watch_run
+from workbench.watch.compiled import CompileCounts
 from workbench.watch.profiling import ProfileJob, WatchProfile, WindowProfiler, reduce_window
 from workbench.watch.ranks import rank_info
 from workbench.watch.steps import StepHistory
@@ -60,9 +61,21 @@ class RawStep:
 class Writer:
     """Owns the daemon thread; `offer()` is the only call the training thread makes."""
 
-    def __init__(self, store: StoreArg, *, name: str, config: dict[str, Any], warmup: int, device: Any,
-                 flush_s: float, capacity: int, max_rows: int, recent: int,
-                 profiler: WindowProfiler | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: StoreArg,
+        *,
+        name: str,
+        config: dict[str, Any],
+        warmup: int,
+        device: Any,
+        flush_s: float,
+        capacity: int,
+        max_rows: int,
+        recent: int,
+        profiler: WindowProfiler | None = None,
+        compile_counts: CompileCounts | None = None,
+    ) -> None:
         self.name, self.config, self.warmup, self.device = name, config, warmup, device
         self.flush_s = flush_s
         self.capacity = capacity
@@ -74,6 +87,7 @@ class Writer:
         self.last_error = ""
         self._store_arg = store
         self.profiler = profiler
+        self.compile_counts = compile_counts
         self.last_profile: WatchProfile | None = None
         self._windows: collections.deque[ProfileJob] = collections.deque()
         self._pending: collections.deque[RawStep] = collections.deque()
@@ -202,6 +216,7 @@ class Writer:
                               self.dropped_steps, self.dropped_writes)  # fmt: skip
         summary["host_cpu"] = self._host_cpu.figures() if self._host_cpu is not None else None
         summary["first_nonfinite_loss_step"] = self.first_nonfinite_loss_step
+        summary["compile"] = self.compile_counts.summary() if self.compile_counts is not None else None
         if ended is not None and self._failure is not None:
             summary["failure"] = self._failure  # how it failed, as fields: a job's reader names its first failed rank
         try:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.analysis.advice import Context
+from workbench.analysis.compare import DEFAULT_PLANNED_STEPS
 from workbench.analysis.findings import Finding
 from workbench.analysis.flops import Mfu
 from workbench.measure.result import TrialResult
@@ -30,6 +31,10 @@ class Evidence:
     mfu: Mfu
     findings: list[Finding] = field(default_factory=list)
     """The findings of the detectors before this one, in registry order."""
+    baseline: TrialResult | None = None
+    """The uncompiled trial this one is read against, where the caller has one (compile payback)."""
+    planned_steps: int = DEFAULT_PLANNED_STEPS
+    """Steps of the user's real run: the horizon a compile must pay itself back within."""
 
     @property
     def data_share(self) -> float:
