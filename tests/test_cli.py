@@ -137,7 +137,7 @@ def test_compare_refuses_a_bad_protocol_with_the_fix() -> None:
         (["run", "--steps", "0"], "steps must be an integer >= 1"),
         (["run", "--steps", "many"], "invalid int value: 'many'"),
         (["run", "--set", "cuda_graphs=true"], "cuda_graphs=True is not available"),
-        (["compare", "--baseline", "amp=fp32"], "the following arguments are required: --candidate"),
+        (["compare", "--baseline", "amp=fp32"], "compare needs a --candidate (repeat for more), or --ideal-loader"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
     ],
 )

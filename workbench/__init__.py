@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from workbench import export, tune, ui
     from workbench.analysis.diagnose import diagnose_trial as diagnose
+    from workbench.api import loader_bound
     from workbench.api import run_comparison as compare
     from workbench.config import ConfigError, TrainConfig
     from workbench.estimate import estimate_memory
@@ -41,6 +42,7 @@ _PUBLIC = {
     "run_trial": "workbench.trials:run_trial",
     "TrialResult": "workbench.measure.result:TrialResult",
     "compare": "workbench.api:run_comparison",
+    "loader_bound": "workbench.api:loader_bound",
     "Protocol": "workbench.protocol:Protocol",
     "tune": "workbench.tune",
     "TuneResult": "workbench.tune:TuneResult",
@@ -64,6 +66,7 @@ __all__ = [
     "estimate_memory",
     "export",
     "load_workload",
+    "loader_bound",
     "run_trial",
     "tune",
     "ui",

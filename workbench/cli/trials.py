@@ -8,6 +8,7 @@ from typing import Any
 
 from workbench.cli.options import (
     EXIT_FAILED_TRIAL,
+    UsageError,
     add_protocol_args,
     add_set_arg,
     add_store_arg,
@@ -32,8 +33,19 @@ def add_commands(sub: Any) -> None:
     compare.add_argument(
         "--baseline", default="", metavar="K=V[,K=V]", help="baseline config overrides (default: defaults)"
     )
-    compare.add_argument("--candidate", action="append", default=[], metavar="K=V[,K=V]", required=True,
-                         help="a candidate's overrides on top of the baseline; repeat for more")  # fmt: skip
+    compare.add_argument(
+        "--candidate",
+        action="append",
+        default=[],
+        metavar="K=V[,K=V]",
+        help="a candidate's overrides on top of the baseline; repeat for more",
+    )
+    compare.add_argument(
+        "--ideal-loader",
+        action="store_true",
+        help="add a row: the baseline's step on a few real batches staged on the device (no loader), "
+        "and print what the data pipeline costs the step",
+    )
     add_protocol_args(compare)
     add_store_arg(compare, saving=True)
     compare.set_defaults(handler=_cmd_compare, runs_trials=True)
@@ -65,6 +77,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from workbench.api import run_comparison
     from workbench.progress import ProgressLine
 
+    if not args.candidate and not args.ideal_loader:
+        raise UsageError(
+            "compare needs a --candidate (repeat for more), or --ideal-loader for the data pipeline's bound"
+        )
     baseline = config_from([args.baseline])
     candidates = [config_from([text], base=baseline) for text in args.candidate]
     protocol = protocol_from(args)
@@ -72,9 +88,21 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     # candidate's own --candidate text, a refusal names the flag to fix (and so does the history).
     labels = ["baseline", *(f"candidate '{c}'" for c in args.candidate)]
     with ProgressLine(enabled=not args.quiet and not args.json) as progress:
-        outcome = run_comparison(args.workload, baseline, candidates, protocol=protocol, labels=labels, warmup=args.warmup,
-                                 steps=args.steps, device=args.device, preset=args.preset, on_event=progress,
-                                 timeout_s=args.timeout, store=store_arg(args))  # fmt: skip
+        outcome = run_comparison(
+            args.workload,
+            baseline,
+            candidates,
+            protocol=protocol,
+            labels=labels,
+            warmup=args.warmup,
+            steps=args.steps,
+            device=args.device,
+            preset=args.preset,
+            on_event=progress,
+            timeout_s=args.timeout,
+            store=store_arg(args),
+            ideal_loader=args.ideal_loader,
+        )
     if args.json:
         print(json.dumps(outcome.to_dict(), indent=2))
     else:

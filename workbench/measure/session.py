@@ -195,6 +195,7 @@ def _serve(requests: Any, replies: Any, wires: list[dict[str, Any]]) -> None:
 
 def _build_all(requests: list[TrialRequest]) -> list[Any]:
     from workbench.levers.build import build
+    from workbench.measure.staged import batch_source
     from workbench.measure.timing import synchronize
     from workbench.measure.window import one_step
     from workbench.workloads import load_workload
@@ -209,7 +210,7 @@ def _build_all(requests: list[TrialRequest]) -> list[Any]:
             torch.cuda.set_device(dev)  # capture streams and synchronize() act on the current device
         wl = load_workload(workload, preset=request.preset, **config.extra) if isinstance(workload, str) else workload
         train_step = build(wl, config, dev, checked=True)
-        batches = wl.batches(config)
+        batches = batch_source(wl, config, train_step, request.staged_batches)
         for _ in range(paired_warmup(config, request.warmup)):  # untimed (the fresh trial timed these costs)
             one_step(train_step, batches)
         synchronize(dev)

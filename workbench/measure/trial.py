@@ -24,6 +24,7 @@ from workbench.measure.outcome import start_result, status_of
 from workbench.measure.profile import ProfileOptions
 from workbench.measure.request import TrialRequest
 from workbench.measure.result import TrialResult
+from workbench.measure.staged import batch_source
 from workbench.measure.window import LossLog, one_step, run_window
 from workbench.workloads import WorkloadError, load_workload
 
@@ -66,7 +67,7 @@ def run_trial_inline(
             watch = CompileWatch()
         train_step = build(wl, config, dev, checked=True)
         result.applied = [{"toggle": a.toggle, "value": a.value, "detail": a.detail} for a in train_step.applied]
-        batches = wl.batches(config)
+        batches = batch_source(wl, config, train_step, request.staged_batches)
         losses = LossLog(dev, warmup=request.warmup, steps=request.steps)
         run_window(train_step, batches, result, emit, losses, check=lambda: _check_cancel(cancel))
         if result.status == "ok":
