@@ -11,8 +11,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+import workbench as wb
 from workbench.workloads import Workload
-from workbench.workloads.stages import stage
 
 BATCH = 4
 SAMPLE_MS = 6.0
@@ -30,7 +30,7 @@ class SleepySamples(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return 1_000_000
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        with stage("decode"):
+        with wb.stage("decode"):  # the public marker a user puts in their own Dataset
             time.sleep(self.sample_ms / 1000.0)
         generator = torch.Generator().manual_seed(index)
         return torch.randn(8, generator=generator), torch.randn(1, generator=generator)

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from workbench.trials import run_trial
     from workbench.tune import TuneResult
     from workbench.workloads import Workload, load_workload
+    from workbench.workloads.stages import stage
 
 #: public name -> "module:attribute" it is defined in; a bare module (tune, export) is itself callable.
 _PUBLIC = {
@@ -44,6 +45,7 @@ _PUBLIC = {
     "compare": "workbench.api:run_comparison",
     "loader_bound": "workbench.api:loader_bound",
     "Protocol": "workbench.protocol:Protocol",
+    "stage": "workbench.workloads.stages:stage",
     "tune": "workbench.tune",
     "TuneResult": "workbench.tune:TuneResult",
     "diagnose": "workbench.analysis.diagnose:diagnose_trial",
@@ -68,6 +70,7 @@ __all__ = [
     "load_workload",
     "loader_bound",
     "run_trial",
+    "stage",
     "tune",
     "ui",
     "watch",

@@ -25,6 +25,11 @@ def add_commands(sub: Any) -> None:
     add_set_arg(run, help="config fields to change, e.g. --set amp=bf16 --set compile=default")
     run.add_argument("--profile", action="store_true",
                      help="add a profiled window after the timed one and print the diagnosis")  # fmt: skip
+    run.add_argument(
+        "--data-stages",
+        action="store_true",
+        help="time each sample's stages (read, decode, ...) where the loader prepares it, and each copy to the device",
+    )
     add_store_arg(run, saving=True)
     run.set_defaults(handler=_cmd_run, runs_trials=True)
 
@@ -57,15 +62,29 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     config = config_from(args.overrides)
     with ProgressLine(enabled=not args.quiet and not args.json) as progress:
-        result = run_and_store(args.workload, config, warmup=args.warmup, steps=args.steps, device=args.device,
-                               preset=args.preset, on_event=progress, timeout_s=args.timeout,
-                               store=store_arg(args), profile=args.profile)  # fmt: skip
+        result = run_and_store(
+            args.workload,
+            config,
+            warmup=args.warmup,
+            steps=args.steps,
+            device=args.device,
+            preset=args.preset,
+            on_event=progress,
+            timeout_s=args.timeout,
+            store=store_arg(args),
+            profile=args.profile,
+            data_stages=args.data_stages,
+        )
     if args.json:
         print(result.to_json(indent=2))
     else:
         from workbench.report import run_summary
 
         print(run_summary(result, verbose=getattr(args, "verbose", False)))
+        if result.data_stages is not None:
+            from workbench.measure.data_stages import stages_text
+
+            print("\n" + stages_text(result.data_stages))
         if args.profile:
             from workbench.analysis.diagnose import diagnose_trial
 

@@ -50,6 +50,9 @@ class TrialRequest:
     """0: batches come from the workload's loader. N > 0: the ideal loader — N real batches staged on
     the device before the window and cycled, no loader at all (`measure.staged`): the step time no
     loader change can beat."""
+    data_stages: bool = False
+    """Time each sample's stages where the loader prepares it, and each batch's copy to the device
+    (`measure.data_stages`): `TrialResult.data_stages`."""
     checked: bool = False
     """Set by `resolved()`: `device` is concrete and `config` was checked on it; nothing below checks again."""
 
@@ -68,6 +71,8 @@ class TrialRequest:
         staged = self.staged_batches
         if isinstance(staged, bool) or not isinstance(staged, int) or staged < 0:
             raise ConfigError(f"staged_batches must be an integer >= 0 (0: the real loader), got {staged!r}")
+        if staged and self.data_stages:
+            raise ConfigError("data_stages times the loader's stages; the ideal loader (staged_batches) has none")
         if staged and isinstance(self.config, TrainConfig) and self.config.strategy != "none":
             raise ConfigError("staged_batches (the ideal loader) runs one process; it has no distributed form yet")
         if not isinstance(self.config, TrainConfig):
@@ -151,6 +156,7 @@ _WINDOW_FIELDS = {
     "timeout_s",
     "memory_limit_bytes",
     "staged_batches",
+    "data_stages",
 }
 _KNOWN = (*sorted(_WINDOW_FIELDS), "profile")
 _PLAIN = (*sorted(_WINDOW_FIELDS - {"device"}), "checked")

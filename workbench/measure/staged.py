@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from workbench.measure.data_stages import TimedFetches
 from workbench.measure.timing import synchronize
 
 if TYPE_CHECKING:
@@ -26,8 +27,13 @@ IDEAL_BATCHES = 4
 mode cycles 20) while the device holds little extra memory."""
 
 
-def batch_source(workload: Workload, config: TrainConfig, train_step: TrainStep, staged: int) -> Iterator[Any]:
-    """The trial's batches: the workload's loader, or (`staged` > 0) that many staged and cycled."""
+def batch_source(
+    workload: Workload, config: TrainConfig, train_step: TrainStep, staged: int, timed: bool = False
+) -> Iterator[Any]:
+    """The trial's batches: the workload's loader (`timed`: with each batch's stages and copy
+    recorded, a `TimedFetches`), or (`staged` > 0) that many staged and cycled."""
+    if timed:
+        return TimedFetches(workload.batches(config, timed_stages=True), train_step)
     if staged <= 0:
         return workload.batches(config)
     plain = replace(config, num_workers=0, pin_memory=False, prefetch_factor=None, persistent_workers=False)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from workbench.config import ConfigError, TrainConfig
 from workbench.measure.compile_cache import cache_counts, cache_state
 from workbench.measure.compile_report import CompileWatch, fullgraph_failure, reset_compiler
+from workbench.measure.data_stages import TimedFetches
 from workbench.measure.events import EventSink, TrialFinished, TrialStarted
 from workbench.measure.memory import track_step_memory
 from workbench.measure.outcome import start_result, status_of
@@ -67,9 +68,11 @@ def run_trial_inline(
             watch = CompileWatch()
         train_step = build(wl, config, dev, checked=True)
         result.applied = [{"toggle": a.toggle, "value": a.value, "detail": a.detail} for a in train_step.applied]
-        batches = batch_source(wl, config, train_step, request.staged_batches)
+        batches = batch_source(wl, config, train_step, request.staged_batches, request.data_stages)
         losses = LossLog(dev, warmup=request.warmup, steps=request.steps)
         run_window(train_step, batches, result, emit, losses, check=lambda: _check_cancel(cancel))
+        if isinstance(batches, TimedFetches) and result.status == "ok":
+            result.data_stages = batches.summary(result)
         if result.status == "ok":
             _read_host_memory(train_step, batches, result, request.track_memory)
         if request.profile is not None and result.status == "ok":

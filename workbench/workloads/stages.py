@@ -3,13 +3,16 @@
 Off (the default) a marker is one global read, so a Dataset can keep them for good; while a
 `StageTimes` collects (in the loader worker that prepares the sample), each stage's seconds add up.
 A stage nobody marked is absent from the record, never a 0: "not measured" is its own answer.
+`TimedSamples` and `TimedCollate` carry the times out of the loader workers with the batch.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
 
 _collecting: StageTimes | None = None
 
@@ -46,3 +49,67 @@ def stage(name: str) -> Iterator[None]:
         yield
     finally:
         collector.add(name, time.perf_counter() - began)
+
+
+class TimedSamples:
+    """A dataset whose items come with their stage times: `(sample, {stage: ms}, worker, began, ended)`.
+
+    Wrapped around a workload's dataset when a trial asks where a sample's time goes; the times
+    are taken where the sample is made (a loader worker, or the training process without
+    workers), on `time.perf_counter`, the system-wide monotonic clock on Linux, so a worker's
+    stamps and the training loop's compare."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: Any) -> tuple[Any, dict[str, float], int, float, float]:
+        times = StageTimes()
+        began = time.perf_counter()
+        with times.collecting():
+            sample = self.inner[index]
+        return sample, times.ms, _worker_id(), began, time.perf_counter()
+
+
+class TimedCollate:
+    """Collates `TimedSamples` items: `(batch, BatchStages)`, the collate itself timed as a stage."""
+
+    def __init__(self, inner: Callable[[list[Any]], Any] | None) -> None:
+        self.inner = inner
+
+    def __call__(self, items: list[tuple[Any, dict[str, float], int, float, float]]) -> tuple[Any, BatchStages]:
+        from torch.utils.data import default_collate
+
+        began = time.perf_counter()
+        batch = (self.inner or default_collate)([item[0] for item in items])
+        ended = time.perf_counter()
+        record = BatchStages(
+            samples=[item[1] for item in items],
+            collate_ms=(ended - began) * 1000.0,
+            worker=_worker_id(),
+            began=min((item[3] for item in items), default=began),
+            ended=ended,
+        )
+        return batch, record
+
+
+@dataclass
+class BatchStages:
+    """One batch's preparation: each sample's stage times, the collate, who made it and when."""
+
+    samples: list[dict[str, float]]
+    collate_ms: float
+    worker: int
+    """The loader worker's id; -1 for the training process itself (num_workers=0)."""
+    began: float
+    ended: float
+    """perf_counter stamps of the batch's first sample started and its collate finished."""
+
+
+def _worker_id() -> int:
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    return info.id if info is not None else -1
