@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from workbench import export, tune, ui
     from workbench.analysis.diagnose import diagnose_trial as diagnose
-    from workbench.api import loader_bound
+    from workbench.api import loader_bound, workers_enough
     from workbench.api import run_comparison as compare
     from workbench.config import ConfigError, TrainConfig
     from workbench.estimate import estimate_memory
@@ -46,6 +46,7 @@ _PUBLIC = {
     "loader_bound": "workbench.api:loader_bound",
     "Protocol": "workbench.protocol:Protocol",
     "stage": "workbench.workloads.stages:stage",
+    "workers_enough": "workbench.api:workers_enough",
     "tune": "workbench.tune",
     "TuneResult": "workbench.tune:TuneResult",
     "diagnose": "workbench.analysis.diagnose:diagnose_trial",
@@ -74,6 +75,7 @@ __all__ = [
     "tune",
     "ui",
     "watch",
+    "workers_enough",
 ]
 
 

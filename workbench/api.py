@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from workbench.analysis.loader_bound import LoaderBound
+from workbench.analysis.workers import WorkerScaling
 from workbench.config import ConfigError, TrainConfig
 from workbench.measure import EventSink, TrialRequest, TrialResult
 from workbench.protocol import ComparisonRun, Protocol, run_protocol
@@ -28,6 +29,7 @@ __all__ = [
     "run_trials",
     "start_comparison",
     "start_trial",
+    "workers_enough",
 ]
 
 
@@ -52,6 +54,48 @@ def loader_bound(
     bound = run.loader_bound
     assert bound is not None  # ideal_loader=True always measures the bound's row
     return bound
+
+
+def workers_enough(
+    workload: Workload | str,
+    config: TrainConfig | None = None,
+    *,
+    counts: Sequence[int] | None = None,
+    **options: Any,
+) -> WorkerScaling:
+    """The smallest num_workers at which the loader stops being the bound, measured and verified.
+
+    Three measurements, each a fresh trial: the step on batches staged on the device (the compute,
+    what enough workers should reach); one batch's cost, timed inside one loader worker; then the
+    sweep of worker counts (`counts`, default 0 up to one past the recommendation, at most the
+    cores), which verifies the recommendation and shows where adding workers stopped paying.
+    Options are `run_trial`'s (steps, warmup, device, preset, store, ...)."""
+    from dataclasses import replace
+
+    from workbench.analysis.workers import workers_needed
+    from workbench.measure.staged import IDEAL_BATCHES
+
+    config = config or TrainConfig()
+    staged = run_and_store(workload, config, staged_batches=IDEAL_BATCHES, **options)
+    probe = run_and_store(workload, replace(config, num_workers=1), data_stages=True, **options)
+    for trial in (staged, probe):
+        if not trial.ok or trial.median_step_ms is None:
+            raise ConfigError(f"cannot size the loader: a trial ended '{trial.status}': {trial.message[:200]}")
+    assert probe.data_stages is not None and staged.median_step_ms is not None  # both trials ran
+    compute_ms = staged.median_step_ms
+    prepare = [fetch["prepare_ms"] for fetch in probe.data_stages["fetches"]]
+    cores = int(probe.device.get("cpu_cores") or 1)
+    advice = workers_needed(sum(prepare) / len(prepare), compute_ms, cores)
+    scaling = WorkerScaling(advice, compute_ms, samples_per_step=staged.samples_per_step)
+    for count in counts if counts is not None else range(min(cores, advice.workers + 1) + 1):
+        trial = run_and_store(workload, replace(config, num_workers=count, persistent_workers=count > 0), **options)
+        if trial.ok and trial.median_step_ms is not None:
+            scaling.steps_ms[count] = trial.median_step_ms
+    if advice.workers not in scaling.steps_ms:
+        trial = run_and_store(workload, replace(config, num_workers=advice.workers, persistent_workers=True), **options)
+        if trial.ok and trial.median_step_ms is not None:
+            scaling.steps_ms[advice.workers] = trial.median_step_ms
+    return scaling
 
 
 def run_trials(

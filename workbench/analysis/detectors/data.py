@@ -8,13 +8,13 @@ finding quotes it: the headroom any loader change has, with its interval.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from workbench.analysis.advice import Context, Recommendation
 from workbench.analysis.detectors.base import Detector, Evidence
 from workbench.analysis.findings import Finding
 from workbench.analysis.loader_bound import LoaderBound
+from workbench.analysis.workers import workers_needed
 
 #: Data phase share of the step above which loading is the bottleneck (a quarter of every step idle).
 DATA_SHARE = 0.25
@@ -62,7 +62,7 @@ def for_data(ctx: Context, data_ms: float, bound: LoaderBound | None = None) -> 
     if bound is not None and bound.ideal_step_ms is not None:
         compute_ms = bound.ideal_step_ms  # measured: the step with nothing to wait for
     # Enough workers to hide loading behind compute, no more than there are cores (or 8).
-    workers = int(min(max(1, ctx.cpu_cores), max(1, math.ceil(data_ms / compute_ms)), 8))
+    workers = workers_needed(data_ms, compute_ms, min(max(1, ctx.cpu_cores), 8)).workers
     new_step = max(compute_ms, data_ms / workers)
     caveat = ", less where they share the CPU with the compute (a CPU trial)" if ctx.device_type == "cpu" else ""
     recs = [
