@@ -51,6 +51,15 @@ def test_each_fetch_is_charged_to_the_step_that_used_it() -> None:
     assert all(f["prepare_ms"] >= 0.8 * BATCH * 1.0 for f in fetches)
 
 
+def test_the_bytes_a_step_copies_are_counted() -> None:
+    result = _trial(slow_data_workload(sample_ms=0.5), grad_accumulation=2)
+    summary = result.data_stages
+    assert summary is not None
+    one_batch = BATCH * (8 + 1) * 4  # float32 inputs of 8 and targets of 1, known from the dataset
+    assert all(f["batch_bytes"] == one_batch for f in summary["fetches"])
+    assert summary["bytes_per_step"] == 2 * one_batch
+
+
 def test_the_copy_is_not_measured_on_a_cpu_trial_and_says_why() -> None:
     result = _trial(slow_data_workload(sample_ms=0.5))
     summary = result.data_stages

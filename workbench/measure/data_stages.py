@@ -36,6 +36,8 @@ class TimedFetches:
         self.consumed: list[float] = []
         self.copies: list[Any] = []
         """Per fetch: copy milliseconds (float) or a pair of CUDA events read after the window."""
+        self.nbytes: list[int] = []
+        """Per fetch: the batch's tensor bytes, all of which a copy to the device moves."""
 
     def __iter__(self) -> TimedFetches:
         return self
@@ -44,6 +46,7 @@ class TimedFetches:
         batch, record = next(self.loader)
         self.consumed.append(time.perf_counter())
         self.records.append(record)
+        self.nbytes.append(batch_bytes(batch))
         if not self.cuda:
             self.copies.append(None)
             return self.train_step.prepare_batch(batch)
@@ -89,15 +92,19 @@ class TimedFetches:
                 "prepare_ms": (self.records[index].ended - self.records[index].began) * 1000.0,
                 "ready_before_use_ms": max(0.0, (self.consumed[index] - self.records[index].ended) * 1000.0),
                 "copy_ms": copies[position],
+                "batch_bytes": self.nbytes[index],
             }
             for position, index in enumerate(timed)
         ]
+        steps = {index // ga for index in timed}
+        copied = sum(self.nbytes[index] for index in timed)
         return {
             "stages": stages,
             "not_measured": not_measured,
             # Capped at 1: a batch used early in the window may have been started just before it.
             "busy_share": {k: min(1.0, v / window_ms) for k, v in busy.items()} if window_ms else {},
             "fetches": fetches,
+            "bytes_per_step": copied / len(steps) if steps else None,
         }
 
     def _copy_ms(self, index: int) -> float | None:
@@ -107,6 +114,21 @@ class TimedFetches:
         began, ended = copy
         ended.synchronize()  # after the window: reading the events no longer costs a step anything
         return float(began.elapsed_time(ended))
+
+
+def batch_bytes(batch: Any) -> int:
+    """Bytes of every tensor in a (nested) batch: what moving it to the device copies."""
+    from workbench.workloads import map_tensors
+
+    total = 0
+
+    def count(tensor: Any) -> Any:
+        nonlocal total
+        total += tensor.numel() * tensor.element_size()
+        return tensor
+
+    map_tensors(batch, count)
+    return total
 
 
 def _micro_batches(result: TrialResult) -> int:
@@ -133,6 +155,8 @@ def stages_text(summary: dict[str, Any]) -> str:
         )
     for name, why in summary["not_measured"].items():
         lines.append(f"  {name:<16} not measured: {why}")
+    if summary.get("bytes_per_step") is not None:
+        lines.append(f"  batch bytes per step (what a copy to the device moves): {summary['bytes_per_step']:,.0f}")
     for who, share in summary["busy_share"].items():
         lines.append(f"  {who} busy {share:.0%} of the timed window")
     return "\n".join(lines)
