@@ -63,6 +63,11 @@ class WorkerScaling:
         step = self.steps_ms.get(self.advice.workers)
         return step is not None and step <= WITHIN_BOUND * self.ideal_step_ms
 
+    def enough(self) -> int | None:
+        """The smallest measured count whose step is within 10% of the ideal loader's (None: none was)."""
+        within = [n for n, ms in sorted(self.steps_ms.items()) if ms <= WITHIN_BOUND * self.ideal_step_ms]
+        return within[0] if within else None
+
     def stopped_paying(self) -> int | None:
         """The first count that was not `PAYS` faster than the one before (None: each one paid)."""
         counts = sorted(self.steps_ms)
@@ -75,6 +80,12 @@ class WorkerScaling:
         n, step = self.advice.workers, self.steps_ms.get(self.advice.workers)
         measured = f"{step:.0f} ms/step" if step is not None else "not measured"
         bound = f"the ideal loader's {self.ideal_step_ms:.0f} ms"
+        enough = self.enough()
+        if enough is not None and enough < n:  # measured beats the estimate: fewer workers already do it
+            return (
+                f"num_workers={enough} is enough: {self.steps_ms[enough]:.0f} ms/step, within 10% of {bound} "
+                f"(the measured costs asked for {n})"
+            )
         if self.advice.reason:
             return f"num_workers={n} ({measured}, against {bound}): {self.advice.reason}"
         if self.verified:
@@ -87,6 +98,7 @@ class WorkerScaling:
             "ideal_step_ms": self.ideal_step_ms,
             "steps_ms": dict(self.steps_ms),
             "verified": self.verified,
+            "enough": self.enough(),
             "stopped_paying": self.stopped_paying(),
             "sentence": self.sentence(),
         }

@@ -55,6 +55,12 @@ def add_commands(sub: Any) -> None:
     add_store_arg(compare, saving=True)
     compare.set_defaults(handler=_cmd_compare, runs_trials=True)
 
+    workers = sub.add_parser("workers", help="the smallest num_workers at which the loader stops being the bound")
+    add_trial_args(workers)
+    add_set_arg(workers, help="the config to size the loader for, e.g. --set extra.camera_files=true")
+    add_store_arg(workers, saving=True)
+    workers.set_defaults(handler=_cmd_workers, runs_trials=True)
+
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from workbench.api import run_and_store
@@ -90,6 +96,38 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
             print("\n" + diagnose_trial(result).to_text(result))
     return 0 if result.ok else EXIT_FAILED_TRIAL
+
+
+def _cmd_workers(args: argparse.Namespace) -> int:
+    from workbench.api import workers_enough
+    from workbench.progress import ProgressLine
+
+    config = config_from(args.overrides)
+    with ProgressLine(enabled=not args.quiet and not args.json) as progress:
+        scaling = workers_enough(
+            args.workload,
+            config,
+            warmup=args.warmup,
+            steps=args.steps,
+            device=args.device,
+            preset=args.preset,
+            on_event=progress,
+            timeout_s=args.timeout,
+            store=store_arg(args),
+        )
+    if args.json:
+        print(json.dumps(scaling.to_dict(), indent=2))
+        return 0
+    one = scaling.steps_ms.get(1)
+    for count, step_ms in sorted(scaling.steps_ms.items()):
+        ratio = f"  {one / step_ms:.2f}x one worker's speed" if one else ""
+        print(f"num_workers={count}: {step_ms:8.1f} ms/step{ratio}")
+    print(f"ideal loader (batches staged on the device): {scaling.ideal_step_ms:.1f} ms/step")
+    stopped = scaling.stopped_paying()
+    if stopped is not None:
+        print(f"adding workers stopped paying at num_workers={stopped} (less than 10% faster than the count before)")
+    print(scaling.sentence())
+    return 0
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
