@@ -343,7 +343,7 @@ def test_an_error_in_the_users_model_shows_their_line_first(user_env: dict[str, 
                                                    "SyntaxError: invalid syntax ("),
         (["--workload", ":x"], "workload spec ':x' needs both parts: 'package.module:function'"),
         (["--set", "extra.bogus_opt=1"], "workload 'bev-perception' has no option 'bogus_opt'; its options: "
-                                         "sample_cost_ms, slow_step_ms"),
+                                         "cache_dir, camera_files, decoder, sample_cost_ms, slow_step_ms"),
         (["--workload", "user_models:fast", "--set", "extra.bogus_opt=1"], "takes no option 'bogus_opt'"),
         (["--workload", "user_models:loss_none"], "loss_fn must return a scalar tensor (one float value to minimise), "
                                                   "got None"),
