@@ -149,7 +149,7 @@ def test_the_stages_of_a_sample_are_marked(tmp_path: Path) -> None:
     times = StageTimes()
     with times.collecting():
         dataset[0]
-    assert set(times.ms) == {"read", "decode", "transform"}
+    assert set(times.ms) == {"read", "decode", "transform", "targets"}
     assert all(ms > 0 for ms in times.ms.values())
     recorded = dict(times.ms)
     dataset[1]  # outside the block: the markers cost a check and record nothing

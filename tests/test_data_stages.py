@@ -80,7 +80,7 @@ def test_the_copy_to_the_gpu_is_timed_on_the_device() -> None:
 def test_the_camera_pipelines_stages_are_all_there(tmp_path: Path) -> None:
     workload = wb.load_workload("bev-perception", camera_files=True, cache_dir=str(tmp_path))
     stages = _trial(workload).data_stages["stages"]  # type: ignore[index]
-    assert set(stages) == {"read", "decode", "transform", "collate"}
+    assert set(stages) == {"read", "decode", "transform", "targets", "collate"}
     assert all(s["mean_ms"] > 0 and s["p90_ms"] >= 0 for s in stages.values())
 
 

@@ -160,7 +160,8 @@ class CameraFileDataset(Dataset[Sample]):
             raise IndexError(f"sample {index} is outside this dataset of {self.length}")
         burn_cpu(self.sample_cost_ms)
         scene = index % self.scenes
-        targets = self.scene_fn(self._generator(scene), None)
+        with stage("targets"):  # the scene's labels, drawn again from its seed: cheap, but not free
+            targets = self.scene_fn(self._generator(scene), None)
         pixels = [self.decode(self.read(scene, camera)) for camera in range(self.cameras)]
         with stage("transform"):
             images = normalize(resize(pixels, self.image))
