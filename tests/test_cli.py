@@ -137,7 +137,7 @@ def test_compare_refuses_a_bad_protocol_with_the_fix() -> None:
         (["run", "--steps", "0"], "steps must be an integer >= 1"),
         (["run", "--steps", "many"], "invalid int value: 'many'"),
         (["run", "--set", "cuda_graphs=true"], "cuda_graphs=True is not available"),
-        (["compare", "--baseline", "amp=fp32"], "the following arguments are required: --candidate"),
+        (["compare", "--baseline", "amp=fp32"], "compare needs a --candidate (repeat for more), or --ideal-loader"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
     ],
 )
@@ -343,7 +343,7 @@ def test_an_error_in_the_users_model_shows_their_line_first(user_env: dict[str, 
                                                    "SyntaxError: invalid syntax ("),
         (["--workload", ":x"], "workload spec ':x' needs both parts: 'package.module:function'"),
         (["--set", "extra.bogus_opt=1"], "workload 'bev-perception' has no option 'bogus_opt'; its options: "
-                                         "sample_cost_ms, slow_step_ms"),
+                                         "cache_dir, camera_files, decoder, sample_cost_ms, slow_step_ms"),
         (["--workload", "user_models:fast", "--set", "extra.bogus_opt=1"], "takes no option 'bogus_opt'"),
         (["--workload", "user_models:loss_none"], "loss_fn must return a scalar tensor (one float value to minimise), "
                                                   "got None"),

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from workbench import export, tune, ui
     from workbench.analysis.diagnose import diagnose_trial as diagnose
+    from workbench.api import loader_bound, workers_enough
     from workbench.api import run_comparison as compare
     from workbench.config import ConfigError, TrainConfig
     from workbench.estimate import estimate_memory
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from workbench.trials import run_trial
     from workbench.tune import TuneResult
     from workbench.workloads import Workload, load_workload
+    from workbench.workloads.stages import stage
 
 #: public name -> "module:attribute" it is defined in; a bare module (tune, export) is itself callable.
 _PUBLIC = {
@@ -41,7 +43,10 @@ _PUBLIC = {
     "run_trial": "workbench.trials:run_trial",
     "TrialResult": "workbench.measure.result:TrialResult",
     "compare": "workbench.api:run_comparison",
+    "loader_bound": "workbench.api:loader_bound",
     "Protocol": "workbench.protocol:Protocol",
+    "stage": "workbench.workloads.stages:stage",
+    "workers_enough": "workbench.api:workers_enough",
     "tune": "workbench.tune",
     "TuneResult": "workbench.tune:TuneResult",
     "diagnose": "workbench.analysis.diagnose:diagnose_trial",
@@ -64,10 +69,13 @@ __all__ = [
     "estimate_memory",
     "export",
     "load_workload",
+    "loader_bound",
     "run_trial",
+    "stage",
     "tune",
     "ui",
     "watch",
+    "workers_enough",
 ]
 
 

@@ -10,6 +10,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from workbench.analysis.loader_bound import LoaderBound
+from workbench.analysis.workers import WorkerScaling
 from workbench.config import ConfigError, TrainConfig
 from workbench.measure import EventSink, TrialRequest, TrialResult
 from workbench.protocol import ComparisonRun, Protocol, run_protocol
@@ -17,14 +19,83 @@ from workbench.store import DEFAULT_STORE, StoreArg, opened_store
 from workbench.trials import run_request
 from workbench.workloads import Workload
 
-__all__ = ["ComparisonRun", "Protocol", "TrialHandle", "run_and_store", "run_comparison", "run_trials",
-           "start_comparison", "start_trial"]  # fmt: skip
+__all__ = [
+    "ComparisonRun",
+    "Protocol",
+    "TrialHandle",
+    "loader_bound",
+    "run_and_store",
+    "run_comparison",
+    "run_trials",
+    "start_comparison",
+    "start_trial",
+    "workers_enough",
+]
 
 
 run_comparison = run_protocol
 """Compare candidates with the baseline by the calibrated protocol (`workbench.protocol.run_protocol`):
 a fresh trial of each, then rounds until every interval is within ±`protocol.precision` or
 `protocol.budget_s` is spent. Every fresh trial is saved to `store` (None: not saved)."""
+
+
+def loader_bound(
+    workload: Workload | str,
+    config: TrainConfig | None = None,
+    protocol: Protocol | None = None,
+    **options: Any,
+) -> LoaderBound:
+    """What the data pipeline costs `config`'s step: its step with the real loader against the same
+    step on a few real batches already staged on the device, by the calibrated protocol.
+
+    "the data pipeline costs 38% of the step [34, 42]; no loader change can beat 61 ms/step" is
+    `.sentence()`. Options are `run_comparison`'s (steps, device, preset, store, on_event, ...)."""
+    run = run_comparison(workload, config or TrainConfig(), [], protocol, ideal_loader=True, **options)
+    bound = run.loader_bound
+    assert bound is not None  # ideal_loader=True always measures the bound's row
+    return bound
+
+
+def workers_enough(
+    workload: Workload | str,
+    config: TrainConfig | None = None,
+    *,
+    counts: Sequence[int] | None = None,
+    **options: Any,
+) -> WorkerScaling:
+    """The smallest num_workers at which the loader stops being the bound, measured and verified.
+
+    Three measurements, each a fresh trial: the step on batches staged on the device (the compute,
+    what enough workers should reach); one batch's cost, timed inside one loader worker; then the
+    sweep of worker counts (`counts`, default 0 up to one past the recommendation, at most the
+    cores), which verifies the recommendation and shows where adding workers stopped paying.
+    Options are `run_trial`'s (steps, warmup, device, preset, store, ...)."""
+    from dataclasses import replace
+
+    from workbench.analysis.workers import workers_needed
+    from workbench.measure.staged import IDEAL_BATCHES
+
+    config = config or TrainConfig()
+    staged = run_and_store(workload, config, staged_batches=IDEAL_BATCHES, **options)
+    probe = run_and_store(workload, replace(config, num_workers=1), data_stages=True, **options)
+    for trial in (staged, probe):
+        if not trial.ok or trial.median_step_ms is None:
+            raise ConfigError(f"cannot size the loader: a trial ended '{trial.status}': {trial.message[:200]}")
+    assert probe.data_stages is not None and staged.median_step_ms is not None  # both trials ran
+    compute_ms = staged.median_step_ms
+    prepare = [fetch["prepare_ms"] for fetch in probe.data_stages["fetches"]]
+    cores = int(probe.device.get("cpu_cores") or 1)
+    advice = workers_needed(sum(prepare) / len(prepare), compute_ms, cores)
+    scaling = WorkerScaling(advice, compute_ms, samples_per_step=staged.samples_per_step)
+    for count in counts if counts is not None else range(min(cores, advice.workers + 1) + 1):
+        trial = run_and_store(workload, replace(config, num_workers=count, persistent_workers=count > 0), **options)
+        if trial.ok and trial.median_step_ms is not None:
+            scaling.steps_ms[count] = trial.median_step_ms
+    if advice.workers not in scaling.steps_ms:
+        trial = run_and_store(workload, replace(config, num_workers=advice.workers, persistent_workers=True), **options)
+        if trial.ok and trial.median_step_ms is not None:
+            scaling.steps_ms[advice.workers] = trial.median_step_ms
+    return scaling
 
 
 def run_trials(

@@ -99,26 +99,32 @@ def comparison_table(outcome: ComparisonRun) -> str:
     base = comp.baseline
     rows = [[f"baseline: {base.label}", format_ms(base.median_step_ms), format_ms(base.iqr_step_ms), "1.00x", "",
              format_bytes(base.peak_memory_bytes), "", "", base.status]]  # fmt: skip
-    for index, row in enumerate(comp.candidates):
+    for index, row in enumerate([*comp.candidates, *comp.bounds]):
         s = row.summary
         ci = f"[{row.speedup_ci[0]:.2f}, {row.speedup_ci[1]:.2f}]" if row.speedup_ci else ""
         numerics = {True: "ok", False: "MISMATCH", None: "n/a"}[row.numerics_ok]
+        loss = f"{row.final_loss_delta:+.4f}" if row.final_loss_delta is not None else "n/a"
+        label = s.label
+        if index >= len(comp.candidates):  # the ideal loader cycles a few batches: other data by design
+            label, numerics, loss = "ideal loader (staged batches)", "n/a", "n/a"
         status = s.status if s.status == "ok" else f"{s.status}: {s.message.splitlines()[0][:60]}"
         rows.append([
-            s.label,
+            label,
             format_ms(s.median_step_ms),
             format_ms(s.iqr_step_ms),
             f"{row.speedup:.2f}x" if row.speedup else "n/a",
             ci,
             f"{format_bytes(s.peak_memory_bytes)} ({_signed_bytes(row.peak_memory_delta_bytes)})",
-            f"{row.final_loss_delta:+.4f}" if row.final_loss_delta is not None else "n/a",
+            loss,
             numerics,
             verdict_text(row) + rank_mark(comp, index) if s.status == "ok" else status,
         ])  # fmt: skip
     headers = ["config", "median ms", "IQR ms", "speedup", f"{comp.confidence:.0%} CI", "peak memory (Δ)",
                "final-loss Δ", "numerics", "verdict"]  # fmt: skip
     add_utilization_columns(headers, rows, comp)
-    return table(headers, rows) + "\n" + "\n".join(protocol_notes(comp) + compiled_candidate_lines(outcome))
+    bound = outcome.loader_bound
+    notes = [f"Ideal loader (batches staged on the device): {bound.sentence()}"] if bound is not None else []
+    return table(headers, rows) + "\n" + "\n".join([*notes, *protocol_notes(comp), *compiled_candidate_lines(outcome)])
 
 
 def compiled_candidate_lines(outcome: ComparisonRun) -> list[str]:
@@ -249,10 +255,11 @@ def _spread_text(figures: dict[str, float] | None, fmt: Callable[[float], str]) 
 
 
 def add_utilization_columns(headers: list[str], rows: list[list[str]], comp: Comparison) -> None:
-    """Append the utilization and energy columns: `rows[0]` is the baseline's, then one per candidate."""
+    """Append the utilization and energy columns: `rows[0]` is the baseline's, then one per candidate
+    (and per bound after them, as `comparison_table` lists them)."""
     headers += ["utilization (Δ)", "energy/step (Δ)"]
     rows[0] += [utilization_cell(comp.baseline.utilization), energy_cell(comp.baseline.utilization)]
-    for row, cand in zip(rows[1:], comp.candidates):
+    for row, cand in zip(rows[1:], [*comp.candidates, *comp.bounds]):
         row += [
             utilization_cell(cand.summary.utilization, cand.utilization_delta),
             energy_cell(cand.summary.utilization, cand.utilization_delta),

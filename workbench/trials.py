@@ -29,7 +29,9 @@ def run_trial(
     `workload` is a Workload, a built-in name or a 'package.module:attr' spec (built with
     `preset` and `config.extra` as options). Events go to `on_event` as they happen. The other
     options are `TrialRequest`'s fields: warmup=3, steps=20, device=None, preset='tiny',
-    track_memory=True, isolation='process', timeout_s=None, memory_limit_bytes=None, profile=False.
+    track_memory=True, isolation='process', timeout_s=None, memory_limit_bytes=None, profile=False,
+    staged_batches=0 (N > 0: the ideal loader, N real batches staged on the device and cycled),
+    data_stages=False (True: where each batch's time went, `result.data_stages`).
 
     isolation='process' (default) runs the trial in a fresh worker: a crash, an out-of-memory,
     a hang (no event for `timeout_s` once the trial started) or `cancel.set()` ends the worker,

@@ -148,6 +148,9 @@ class Comparison:
     """Other candidates not significantly slower than the winner (the top is a tie among these)."""
     stop_reason: str = ""
     elapsed_s: float | None = None
+    bounds: list[CandidateComparison] = field(default_factory=list)
+    """Rows measured beside the candidates that are bounds, not configurations to choose: the
+    ideal loader (the baseline's step on batches staged on the device), when asked for."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -224,13 +227,16 @@ def compare_units(
     host_other_cores: float | None = None,
     baseline_steps: Sequence[float] = (),
     paired_workers: int = 0,
+    bound_rows: int = 0,
 ) -> Comparison:
     """The comparison of candidates 1..n with the baseline 0 from their units' medians.
 
     `summaries[i]` carries config i's fresh-trial figures (memory, compile, status),
     `numerics[i - 1]` candidate i's loss check against the baseline. `baseline_steps` (the
     baseline's fresh trial) gives the step-to-step spread where units are single steps.
-    `paired_workers`: paired round r was measured in worker r mod that many."""
+    `paired_workers`: paired round r was measured in worker r mod that many. The last `bound_rows`
+    configurations are bounds (the ideal loader): compared with the baseline like candidates, but
+    kept apart in `Comparison.bounds`, never a winner."""
     base = summaries[0]
     rows = []
     for index, (summary, check) in enumerate(zip(summaries[1:], numerics), start=1):
@@ -239,10 +245,13 @@ def compare_units(
             est = estimate(log, 0, index, paired=paired, confidence=confidence)
             moved = shift(log, 0, index) if paired else moved
         rows.append(_row(base, summary, check, est, equivalence_margin, precision, confidence, moved))
-    winner, tied = _winner(rows, log, paired, confidence, equivalence_margin)
+    bounds = rows[len(rows) - bound_rows :] if bound_rows else []
+    candidates = rows[: len(rows) - bound_rows]
+    winner, tied = _winner(candidates, log, paired, confidence, equivalence_margin)
     return Comparison(
         baseline=base,
-        candidates=rows,
+        candidates=candidates,
+        bounds=bounds,
         rounds=log.units(0),
         confidence=confidence,
         equivalence_margin=equivalence_margin,

@@ -46,6 +46,13 @@ class TrialRequest:
     memory_limit_bytes: int | None = None
     profile: ProfileOptions | None = None
     """A torch.profiler window after the timed window; None: no profiling."""
+    staged_batches: int = 0
+    """0: batches come from the workload's loader. N > 0: the ideal loader — N real batches staged on
+    the device before the window and cycled, no loader at all (`measure.staged`): the step time no
+    loader change can beat."""
+    data_stages: bool = False
+    """Time each sample's stages where the loader prepares it, and each batch's copy to the device
+    (`measure.data_stages`): `TrialResult.data_stages`."""
     checked: bool = False
     """Set by `resolved()`: `device` is concrete and `config` was checked on it; nothing below checks again."""
 
@@ -61,6 +68,13 @@ class TrialRequest:
             raise ConfigError(f"memory_limit_bytes must be a positive integer, got {limit!r}")
         if self.isolation == "inline" and (self.timeout_s is not None or limit is not None):
             raise ConfigError("timeout_s and memory_limit_bytes need isolation='process' (a thread cannot be killed)")
+        staged = self.staged_batches
+        if isinstance(staged, bool) or not isinstance(staged, int) or staged < 0:
+            raise ConfigError(f"staged_batches must be an integer >= 0 (0: the real loader), got {staged!r}")
+        if staged and self.data_stages:
+            raise ConfigError("data_stages times the loader's stages; the ideal loader (staged_batches) has none")
+        if staged and isinstance(self.config, TrainConfig) and self.config.strategy != "none":
+            raise ConfigError("staged_batches (the ideal loader) runs one process; it has no distributed form yet")
         if not isinstance(self.config, TrainConfig):
             raise ConfigError(f"config must be a TrainConfig, got {type(self.config).__name__}")
 
@@ -132,6 +146,17 @@ def _check_count(name: str, value: Any, why: str) -> None:
         raise ConfigError(f"{name} must be an integer >= 1{' ' + why if why else ''}, got {value!r}")
 
 
-_WINDOW_FIELDS = {"warmup", "steps", "device", "preset", "track_memory", "isolation", "timeout_s", "memory_limit_bytes"}
+_WINDOW_FIELDS = {
+    "warmup",
+    "steps",
+    "device",
+    "preset",
+    "track_memory",
+    "isolation",
+    "timeout_s",
+    "memory_limit_bytes",
+    "staged_batches",
+    "data_stages",
+}
 _KNOWN = (*sorted(_WINDOW_FIELDS), "profile")
-_PLAIN = ("warmup", "steps", "preset", "track_memory", "isolation", "timeout_s", "memory_limit_bytes", "checked")
+_PLAIN = (*sorted(_WINDOW_FIELDS - {"device"}), "checked")

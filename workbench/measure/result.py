@@ -58,6 +58,10 @@ class TrialResult:
     """What the compile found in Inductor's on-disk cache: 'cold', 'warm' or 'partly warm (...)';
     None when nothing was compiled through it. A warm compile is far faster than a cold one."""
     compile_report: dict[str, Any] | None = None
+    data_stages: dict[str, Any] | None = None
+    """Where the timed window's batches spent their time (`run_trial(data_stages=True)`): each stage's
+    mean and p90, each loader worker's busy share, every fetch with its step (`measure.data_stages`);
+    None when not asked for."""
     """A compiled trial's compile report (`measure.compile_report.CompileReport.to_dict()`): graphs,
     graph breaks with their reason and the user's file:line, recompiles with the failed guard, and
     compile time by stage; None when nothing was compiled (or for results stored before it existed)."""

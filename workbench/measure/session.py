@@ -205,6 +205,7 @@ def _serve(requests: Any, replies: Any, wires: list[dict[str, Any]], build_last_
 def _build_all(requests: list[TrialRequest], last_first: bool = False) -> list[Any]:
     """Each request's (train step, batches, config), in the requests' order whichever order they were built in."""
     from workbench.levers.build import build
+    from workbench.measure.staged import batch_source
     from workbench.measure.timing import synchronize
     from workbench.measure.window import one_step
     from workbench.workloads import load_workload
@@ -220,7 +221,7 @@ def _build_all(requests: list[TrialRequest], last_first: bool = False) -> list[A
             torch.cuda.set_device(dev)  # capture streams and synchronize() act on the current device
         wl = load_workload(workload, preset=request.preset, **config.extra) if isinstance(workload, str) else workload
         train_step = build(wl, config, dev, checked=True)
-        batches = wl.batches(config)
+        batches = batch_source(wl, config, train_step, request.staged_batches)
         for _ in range(paired_warmup(config, request.warmup)):  # untimed (the fresh trial timed these costs)
             one_step(train_step, batches)
         synchronize(dev)

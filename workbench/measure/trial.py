@@ -19,12 +19,14 @@ from workbench.config import ConfigError, TrainConfig
 from workbench.measure.compile_cache import cache_counts, cache_state
 from workbench.measure.compile_report import CompileReport, CompileWatch, fullgraph_failure, reset_compiler
 from workbench.measure.compiled_kernels import kernel_ranges
+from workbench.measure.data_stages import TimedFetches
 from workbench.measure.events import EventSink, TrialFinished, TrialStarted
 from workbench.measure.memory import track_step_memory
 from workbench.measure.outcome import start_result, status_of
 from workbench.measure.profile import ProfileOptions
 from workbench.measure.request import TrialRequest
 from workbench.measure.result import TrialResult
+from workbench.measure.staged import batch_source
 from workbench.measure.window import LossLog, one_step, run_window
 from workbench.workloads import WorkloadError, load_workload
 
@@ -70,9 +72,11 @@ def run_trial_inline(
         with kernel_ranges(request.profile is not None and config.compile != "off"):
             train_step = build(wl, config, dev, checked=True)
             result.applied = [{"toggle": a.toggle, "value": a.value, "detail": a.detail} for a in train_step.applied]
-            batches = wl.batches(config)
+            batches = batch_source(wl, config, train_step, request.staged_batches, request.data_stages)
             losses = LossLog(dev, warmup=request.warmup, steps=request.steps)
             run_window(train_step, batches, result, emit, losses, check=lambda: _check_cancel(cancel))
+            if isinstance(batches, TimedFetches) and result.status == "ok":
+                result.data_stages = batches.summary(result)
             # The report is the trial's own steps: the extra steps after the window are the workbench's, and
             # the memory timeline's runs on one intra-op thread, a global-state guard inductor recompiles on.
             report = watch.report() if watch is not None else None

@@ -5,20 +5,24 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from workbench.analysis.compare import Comparison, UnitLog, compare_units, summarize
+from workbench.analysis.loader_bound import LoaderBound
 from workbench.analysis.numerics import check_numerics
 from workbench.config import ConfigError, TrainConfig
 from workbench.measure import EventSink, TrialRequest, TrialResult
 from workbench.measure.child import discard_spares
 from workbench.measure.hostload import HostLoad
+from workbench.measure.staged import IDEAL_BATCHES
 from workbench.protocol.design import COMPARE_STEPS, Protocol, paired_refusal
 from workbench.protocol.rounds import Rounds, resolved_requests, spare_workers
 from workbench.store import DEFAULT_STORE, StoreArg, opened_store
 from workbench.trials import run_request
 from workbench.workloads import Workload
+
+IDEAL_LABEL = "ideal loader"
 
 
 @dataclass
@@ -30,6 +34,14 @@ class ComparisonRun:
     log: UnitLog | None = None
     """The units behind the comparison (step times and host load per round), for a caller that
     re-analyses them, e.g. the busy-host benchmark setting today's rule beside the old one."""
+    ideal_runs: list[TrialResult] = field(default_factory=list)
+    """The ideal loader's fresh-worker trials (`ideal_loader=True`; empty otherwise)."""
+
+    @property
+    def loader_bound(self) -> LoaderBound | None:
+        """What the data pipeline costs the baseline's step, when the ideal loader was measured."""
+        bounds = self.comparison.bounds
+        return LoaderBound.from_row(self.comparison.baseline, bounds[0]) if bounds else None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON: {'baseline': run, 'candidates': [run + comparison fields], 'rounds', 'design', 'noise', ...}."""
@@ -78,6 +90,7 @@ class ComparisonRun:
             "tied": comp.tied,
             "stop_reason": comp.stop_reason,
             "elapsed_s": comp.elapsed_s,
+            "loader_bound": self.loader_bound.to_dict() if self.loader_bound is not None else None,
         }
 
 
@@ -95,6 +108,7 @@ def run_protocol(
     labels: Sequence[str] = (),
     known_baseline: Sequence[TrialResult] = (),
     request: TrialRequest | None = None,
+    ideal_loader: bool = False,
     **trial_options: Any,
 ) -> ComparisonRun:
     """Characterize, then measure rounds until precise or out of budget, then compare.
@@ -103,18 +117,24 @@ def run_protocol(
     as keywords (steps defaults to `COMPARE_STEPS`) or as one `request` whose config is ignored.
     `known_baseline`: the baseline's fresh trials from earlier (the app re-uses them; they must
     be of `baseline` with the same window). Every fresh trial is saved to `store` as it ends;
-    the comparison's figures are attached to those trials when the comparison ends."""
+    the comparison's figures are attached to those trials when the comparison ends.
+    `ideal_loader`: one more row, the baseline's step on batches staged on the device
+    (`measure.staged`), measured in the same rounds: `ComparisonRun.loader_bound`."""
     protocol = protocol or Protocol()
-    if not candidates:
+    if not candidates and not ideal_loader:
         raise ConfigError("a comparison needs at least one candidate configuration")
     configs = [baseline, *candidates]
     names = list(labels) or ["baseline", *(f"candidate {i}" for i in range(1, len(configs)))]
+    if ideal_loader:
+        configs, names = [*configs, baseline], [*names[: len(configs)], IDEAL_LABEL]
     refusal = paired_refusal(configs)
     if protocol.design == "paired" and refusal is not None:
         raise ConfigError(f"design='paired' is not honest here: {refusal}; use design='processes' or 'auto'")
     design = "processes" if protocol.design == "processes" or refusal is not None else "paired"
     emit = on_event or (lambda event: None)
     requests = configured_requests(workload, configs, names, request, trial_options)
+    if ideal_loader:
+        requests[-1] = replace(requests[-1], staged_batches=IDEAL_BATCHES)
     began = time.monotonic()
     load = HostLoad().start()
     spares = len(configs) - bool(known_baseline) + (protocol.paired_workers if design == "paired" else 0)
@@ -127,7 +147,7 @@ def run_protocol(
                 recorder.save(result, label=names[index])
             return result
 
-        runs: list[list[TrialResult]] = [list(known_baseline)] + [[] for _ in candidates]
+        runs: list[list[TrialResult]] = [list(known_baseline)] + [[] for _ in configs[1:]]
         for index in range(len(configs)):
             if not runs[index]:
                 runs[index].append(fresh(index))
@@ -137,15 +157,26 @@ def run_protocol(
         discard_spares()  # reaped before the host-load reading, so their start-up is not "other" work
         summaries = [summarize(r) for r in runs]
         numerics = [check_numerics(runs[0][0], r[0]) for r in runs[1:]]
-        comparison = compare_units(summaries, numerics, log, paired=design == "paired", design=design,
-                                   confidence=protocol.confidence, equivalence_margin=protocol.margin,
-                                   precision=protocol.precision, host_other_cores=load.other_cores(),
-                                   baseline_steps=runs[0][0].step_ms, paired_workers=rounds.workers)  # fmt: skip
+        comparison = compare_units(
+            summaries,
+            numerics,
+            log,
+            paired=design == "paired",
+            design=design,
+            confidence=protocol.confidence,
+            equivalence_margin=protocol.margin,
+            precision=protocol.precision,
+            host_other_cores=load.other_cores(),
+            baseline_steps=runs[0][0].step_ms,
+            paired_workers=rounds.workers,
+            bound_rows=int(ideal_loader),
+        )
         comparison.stop_reason = stop_reason
         comparison.elapsed_s = time.monotonic() - began
         if history is not None:
             _attach(history, comparison, runs)
-    return ComparisonRun(comparison, runs[0], runs[1:], log)
+    ideal_runs = runs.pop() if ideal_loader else []
+    return ComparisonRun(comparison, runs[0], runs[1:], log, ideal_runs)
 
 
 def configured_requests(
@@ -187,6 +218,9 @@ def _attach(history: Any, comparison: Comparison, runs: list[list[TrialResult]])
                 **common,
             }
         )
+    for bound in comparison.bounds:
+        figures[0]["loader_bound"] = LoaderBound.from_row(comparison.baseline, bound).to_dict()
+        figures.append({"role": IDEAL_LABEL, "loader_bound": figures[0]["loader_bound"], **common})
     for config_runs, data in zip(runs, figures):
         for result in config_runs:
             result.comparison = data

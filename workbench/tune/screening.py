@@ -98,6 +98,12 @@ class Screening:
         self.in_space: set[str] = set()
         """Configurations of the space already looked at (the largest batch's check may lie outside it)."""
         self.repeats = 0
+        self.pinned: dict[str, Any] = {}
+        """Searched fields no longer searched: their value for every later proposal (`pin`)."""
+
+    def pin(self, values: dict[str, Any]) -> None:
+        """Stop searching these fields: later proposals take these values (the loader, once settled)."""
+        self.pinned.update({name: value for name, value in values.items() if name in self.distributions})
 
     # --- what earlier sessions measured, and where to start ----------------------------------
 
@@ -138,8 +144,8 @@ class Screening:
 
     def step(self, stage: str = "screen") -> TunedTrial | None:
         """Ask for a configuration and measure it; None when it was a repeat or refused (not counted)."""
-        trial = self.study.ask(self.distributions)
-        params = {**{n: v[0] for n, v in self.space.values.items()}, **trial.params}
+        trial = self.study.ask({n: d for n, d in self.distributions.items() if n not in self.pinned})
+        params = {**{n: v[0] for n, v in self.space.values.items()}, **trial.params, **self.pinned}
         try:
             config = self.space.config(self.baseline, params)
             from workbench.levers import check_config

@@ -27,6 +27,7 @@ from workbench.protocol import Protocol
 from workbench.store import DEFAULT_STORE, StoreArg
 from workbench.trials import run_trial
 from workbench.tune import record as rec
+from workbench.tune.loader_settle import LOADER_FIELDS, settled_by_trial
 from workbench.tune.objective import DEFAULT_PLANNED_STEPS, Objective, choose_kind, cost_ms
 from workbench.tune.recommended import Recommended, combine, recommended_configs, verified_faster
 from workbench.tune.result import TuneResult
@@ -285,6 +286,7 @@ class _Search:
             trial = screening.step()
             if trial is not None:
                 self._saved(trial)
+                self._settle_loader_by_trial(screening, trial)
 
     def _verify(self, screening: Screening, base: TrialResult, result: TuneResult) -> None:
         base_key = self.baseline.to_json(sort_keys=True)
@@ -359,13 +361,27 @@ class _Search:
             fitted.pop()
         return []
 
+    def _settle_loader_by_trial(self, screening: Screening, trial: TunedTrial) -> None:
+        """Pin the loader once a feasible trial waits for data no longer than the noise."""
+        if trial.result is None or not trial.feasible or any(n in screening.pinned for n in LOADER_FIELDS):
+            return
+        settled = settled_by_trial(trial.result, screening.distributions, self.protocol.precision)
+        if settled:
+            screening.pin(settled)
+            shown = ", ".join(f"{k}={v}" for k, v in settled.items())
+            self.notes.append(
+                f"loader levers settled at {shown}: trial {trial.number} waited for data no more than "
+                f"{self.protocol.precision:.0%} of its step, so later proposals search the other levers"
+            )
+
     # --- helpers ---------------------------------------------------------------------------
 
     def _measure(
-        self, config: TrainConfig, on_event: Any, cancel: threading.Event, *, profile: Any = False
+        self, config: TrainConfig, on_event: Any, cancel: threading.Event, *, profile: Any = False, **extra: Any
     ) -> TrialResult:
         started = time.monotonic()
-        result = run_trial(self.workload, config, on_event=on_event, cancel=cancel, profile=profile, **self.window)
+        options = {**self.window, **extra}
+        result = run_trial(self.workload, config, on_event=on_event, cancel=cancel, profile=profile, **options)
         self.durations.append(time.monotonic() - started)
         return result
 

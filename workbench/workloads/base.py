@@ -140,15 +140,23 @@ class Workload:
         assert self.dataset_fn is not None
         return self.dataset_fn(config.seed)
 
-    def make_loader(self, config: TrainConfig) -> DataLoader[Any]:
-        """A deterministic DataLoader with the config's loader settings (same seed → same batches)."""
+    def make_loader(self, config: TrainConfig, timed_stages: bool = False) -> DataLoader[Any]:
+        """A deterministic DataLoader with the config's loader settings (same seed → same batches).
+
+        `timed_stages`: each item is `(batch, BatchStages)`, the samples' stage times and the
+        collate's taken where they ran (`workloads.stages`); for a dataset of samples only."""
         import torch
         from torch.utils.data import DataLoader, IterableDataset
 
         from workbench.device import pin_memory_supported
+        from workbench.workloads.stages import TimedCollate, TimedSamples
 
         dataset = self.make_dataset(config)
         collate_fn = self.collate_fn
+        if timed_stages:
+            if self.batch_fn is not None or isinstance(dataset, IterableDataset):
+                raise WorkloadError(f"workload '{self.name}': stage times need a map-style dataset of samples")
+            dataset, collate_fn = cast("Dataset[Any]", TimedSamples(dataset)), TimedCollate(collate_fn)
         kwargs: dict[str, Any] = {
             "num_workers": config.num_workers,
             "pin_memory": config.pin_memory and pin_memory_supported(),
@@ -175,9 +183,9 @@ class Workload:
             **kwargs,
         )
 
-    def batches(self, config: TrainConfig) -> Iterator[Batch]:
-        """Endless batches: the loader is iterated again when it runs out."""
-        loader = self.make_loader(config)
+    def batches(self, config: TrainConfig, timed_stages: bool = False) -> Iterator[Batch]:
+        """Endless batches: the loader is iterated again when it runs out (`timed_stages`: see `make_loader`)."""
+        loader = self.make_loader(config, timed_stages)
         while True:
             produced = False
             for batch in loader:

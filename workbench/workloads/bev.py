@@ -13,13 +13,15 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import Dataset
 
-from workbench.workloads.base import Workload
+from workbench.workloads.base import Workload, WorkloadError
+from workbench.workloads.camera_files import CameraFileDataset, check_decoder
 from workbench.workloads.catalog import register
 from workbench.workloads.layers import ConvBNAct, GridAttention, res_stage
 from workbench.workloads.synthetic import Sample, SyntheticDataset, check_sample_cost, choose_preset
@@ -213,6 +215,10 @@ class BevSceneSampler:
     rig: CameraRig = CameraRig()
 
     def __call__(self, generator: torch.Generator) -> Sample:
+        return self.scene(generator, self.size.image)
+
+    def scene(self, generator: torch.Generator, image: tuple[int, int] | None) -> Sample:
+        """The scene's targets, and its camera images at `image` (height, width) unless None."""
         rig, k = self.rig, self.size.objects
 
         def uniform(low: float, high: float) -> torch.Tensor:
@@ -227,17 +233,17 @@ class BevSceneSampler:
             uniform(3.5, 5.5),
             uniform(-math.pi, math.pi),
         )
+        targets = bev_targets(rig, self.size.grid, objects)
+        if image is None:
+            return targets
         # Noise in 4×4-pixel blocks, added in place through a broadcast view: a sixteenth of the
         # random numbers and no extra full-size tensor (fresh pages cost more than the arithmetic),
         # so even the large preset's six 384×672 images take only milliseconds.
-        height, width = self.size.image
-        images = render_cameras(rig, self.size.image, objects)
+        height, width = image
+        images = render_cameras(rig, image, objects)
         noise = 0.1 * torch.randn(rig.cameras, 3, height // 4, 1, width // 4, 1, generator=generator)
         images.view(rig.cameras, 3, height // 4, 4, width // 4, 4).add_(noise)
-        return {
-            "images": images,
-            **bev_targets(rig, self.size.grid, objects),
-        }
+        return {"images": images, **targets}
 
 
 class BevPerceptionModel(nn.Module):
@@ -320,23 +326,51 @@ def bev_loss(output: dict[str, torch.Tensor], batch: Sample) -> torch.Tensor:
 
 
 @register(NAME, "six-camera 3-D detection: shared ResNet backbone, Lift-Splat to BEV, conv+attention encoder")
-def build_bev_perception(preset: str = "tiny", sample_cost_ms: float = 0.0) -> Workload:
-    """The `bev-perception` workload at a size preset; `sample_cost_ms` simulates per-sample decoding."""
+def build_bev_perception(
+    preset: str = "tiny",
+    sample_cost_ms: float = 0.0,
+    camera_files: bool = False,
+    decoder: str = "pillow",
+    cache_dir: str = "",
+) -> Workload:
+    """The `bev-perception` workload at a size preset; `sample_cost_ms` simulates per-sample decoding.
+
+    `camera_files=True`: every sample reads its cameras' JPEG files (written once into `cache_dir`,
+    default ~/.cache/workbench), decodes them with `decoder` ('pillow' or 'simplejpeg'), resizes
+    and normalizes them: a real decode stall instead of the busy loop.
+    """
     size = choose_preset(NAME, preset, PRESETS)
     cost = check_sample_cost(NAME, sample_cost_ms)
+    options: dict[str, Any] = {"sample_cost_ms": cost}
+    if not isinstance(camera_files, bool):
+        raise WorkloadError(f"workload '{NAME}': camera_files must be true or false, got {camera_files!r}")
+    if camera_files:
+        options.update(camera_files=True, decoder=check_decoder(NAME, decoder), cache_dir=str(cache_dir))
     return Workload(
         name=NAME,
         model_fn=functools.partial(BevPerceptionModel, size),
         loss_fn=bev_loss,
         batch_size=size.batch_size,
-        dataset_fn=functools.partial(_dataset, size, cost),
+        dataset_fn=functools.partial(_dataset, size, options),
         forward_fn=bev_forward,
         checkpoint_target="ResBlock",
         preset=preset,
         description="six-camera BEV detection (ResNet backbone, Lift-Splat, conv+attention BEV encoder)",
-        options={"sample_cost_ms": cost},
+        options=options,
     )
 
 
-def _dataset(size: BevSize, sample_cost_ms: float, seed: int) -> SyntheticDataset:
-    return SyntheticDataset(BevSceneSampler(size), seed, sample_cost_ms)
+def _dataset(size: BevSize, options: dict[str, Any], seed: int) -> Dataset[Sample]:
+    sampler = BevSceneSampler(size)
+    cost = options["sample_cost_ms"]
+    if not options.get("camera_files"):
+        return SyntheticDataset(sampler, seed, cost)
+    return CameraFileDataset(
+        sampler.scene,
+        size.image,
+        sampler.rig.cameras,
+        seed,
+        cache_dir=options["cache_dir"],
+        decoder=options["decoder"],
+        sample_cost_ms=cost,
+    )
