@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from workbench.distributed.overlap import comm_profile, intervals_from_events
-from workbench.distributed.sharding import shard_workload
+from workbench.distributed.sharding import data_parallel_position, shard_workload
 from workbench.distributed.stats import summarize_ranks
 from workbench.levers.build import TrainStep, build
 from workbench.measure.compile_report import CompileWatch
@@ -71,7 +71,7 @@ def run_rank_trial(request: TrialRequest, ctx: RankContext, *, emit: EventSink, 
     command line (`export.to_command`, a cluster node) is checked here, when the model is built."""
     config, workload = request.config, request.workload
     wl = load_workload(workload, preset=request.preset, **config.extra) if isinstance(workload, str) else workload
-    local_wl, local_config = shard_workload(wl, config, ctx.rank, ctx.world_size)
+    local_wl, local_config = shard_workload(wl, config, *data_parallel_position(config, ctx.rank, ctx.world_size))
     progress(-1, "setup")
     result = start_result(_shared_trial_id(ctx), request, wl, ctx.device)
     emit(TrialStarted(result.trial_id, wl.describe(), result.config, request.warmup, request.steps,

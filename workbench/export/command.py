@@ -30,7 +30,7 @@ def to_command(
     (compile_fullgraph on compile, checkpoint_target on activation_checkpointing,
     prefetch_factor on num_workers, nnodes on rdzv_endpoint) is declared after it.
     """
-    if config.strategy != "none":
+    if config.launches_ranks:
         from workbench.distributed.command import RANK_MODULE, torchrun_args
 
         if nproc_per_node is not None and nproc_per_node != config.nproc_per_node:

@@ -7,14 +7,19 @@ is read):
 2. float8 swaps nn.Linear for torchao's Float8Linear: a module change all later steps must see
    (checkpointing patches the final modules, the optimizer holds the final parameters, compile
    traces the float8 casts to fuse them); torchtitan converts before parallelizing.
-3. activation checkpointing patches module forwards. Before compile, so dynamo traces the
+3. tensor parallelism (then its sequence-parallel variant, applied with it) splits the plan's
+   layers into DTensor shards over the tp ranks: a module change, so before checkpointing (which
+   wraps the split blocks), compile (which traces them) and FSDP2 (which shards the rest over the
+   dp ranks of the same mesh and must see the DTensors) — torchtitan's order: TP, AC, compile, FSDP.
+3b. activation checkpointing patches module forwards. Before compile, so dynamo traces the
    checkpointed regions (torchtitan: "turn on per-block compile after AC wrapping").
 4. activation offload patches module forwards as checkpointing does, after it: on a module both
    target, offload wraps the checkpointed forward and moves only what checkpointing saves.
 5. attention backend: FlexAttention swaps the attention call inside the model's modules, a module
    change, so before compile and the data-parallel wrappers; a forced SDPA kernel is a context
    around the step (forward and backward).
-6. data parallelism: after checkpointing, whose wrapped forwards the shards must contain; before
+6. data parallelism: after checkpointing, whose wrapped forwards the shards must contain, and last
+   of the parallel layouts (FSDP2 over the mesh's dp dimension when TP built one); before
    the optimizer, because FSDP2 swaps the parameters for sharded DTensors; before compile, so
    dynamo traces the wrapped forward (DDP: wrap, then compile).
 7. optimizer once the model is final, so it holds the parameters that train. CUDA graphs need
@@ -53,6 +58,8 @@ from workbench.levers import (
     offload,
     optimizer,
     precision,
+    sequence_parallel,
+    tensor_parallel,
     threads,
 )
 from workbench.levers.base import Lever
@@ -63,6 +70,8 @@ if TYPE_CHECKING:
 LEVERS: tuple[Lever, ...] = (
     memory_format.LEVER,
     float8.LEVER,
+    tensor_parallel.LEVER,
+    sequence_parallel.LEVER,
     checkpointing.LEVER,
     offload.LEVER,
     attention.LEVER,
