@@ -11,15 +11,18 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from workbench.analysis.compare import summarize
 from workbench.analysis.numerics import relative_deviation
 from workbench.config import ConfigError, TrainConfig
 from workbench.distributed.sharding import data_parallel_position
+from workbench.levers import registry
 from workbench.levers.tensor_parallel import check_model_parallel, parallel_style
 from workbench.levers.tp_plan import hugging_face_plan, plan_for
 from workbench.trials import run_trial
@@ -68,6 +71,20 @@ def test_tp2_with_sequence_parallel_matches_one_process_and_places_what_the_plan
         "all_gather_into_tensor": 2 * size.text_depth + 2,
         "reduce_scatter_tensor": 2 * size.text_depth,
     }
+    # The workbench's counter agrees with CommDebugMode, and its bytes are the activations' sizes:
+    # (batch, decoder sequence, width) for the blocks and the region's output, (batch, text, vocab) logits.
+    counted = report["counted"]
+    assert {kind: entry["count"] for kind, entry in counted.items()} == {
+        "all_gather": 2 * size.text_depth + 2,
+        "reduce_scatter": 2 * size.text_depth,
+    }
+    sequence = (size.image // size.patch) ** 2 + size.text_len
+    activation, logits = (
+        size.batch_size * sequence * size.text_dim * 4,
+        size.batch_size * size.text_len * size.vocab * 4,
+    )
+    assert counted["all_gather"]["bytes"] == (2 * size.text_depth + 1) * activation + logits
+    assert counted["reduce_scatter"]["bytes"] == 2 * size.text_depth * activation
     assert "holds" in report["applied"]["tensor_parallel"] and "sequence_parallel" in report["applied"]
 
 
@@ -99,6 +116,16 @@ def test_a_tp2_sp_trial_follows_the_single_process_losses_step_by_step() -> None
     assert split.distributed is not None and split.distributed["world_size"] == 2
     records = {a["toggle"] for a in split.applied}
     assert {"tensor_parallel", "sequence_parallel"} <= records
+    # What the layout costs, per rank: the parameters held (half of each split layer) and the
+    # collectives of one step, which `compare` shows beside the times.
+    whole = sum(p.numel() * 4 for p in vlm.DrivingVlm(vlm.PRESETS["tiny"]).parameters())
+    held = split.distributed["parameter_bytes"]
+    assert len(held) == 2 and all(whole / 2 < b < whole for b in held)
+    steps = split.distributed["collectives"]
+    assert all(set(step) >= {"all_gather", "reduce_scatter"} for step in steps), steps
+    summary = summarize([split])
+    assert summary.layout is not None and summary.layout["parameter_bytes_per_rank"] == max(held)
+    assert summarize([one]).layout is None
 
 
 # --- refusals, checked by arithmetic ------------------------------------------------------------
@@ -221,11 +248,20 @@ def test_plan_styles_are_dtensors_own() -> None:
     assert parallel_style("colwise_rep", sequence_split=False).output_layouts == (Replicate(),)
 
 
+@pytest.fixture
+def four_ranks_allowed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """4 gloo ranks on this 2-core host, for their behaviour. The availability tables are cached per
+    device, not per environment: cleared before (a table read earlier would refuse 4 ranks) and after."""
+    monkeypatch.setenv("WORKBENCH_CPU_RANKS_MAX", "4")
+    registry._lever_availability.cache_clear()
+    yield
+    registry._lever_availability.cache_clear()
+
+
 @pytest.mark.skipif(
     (os.cpu_count() or 1) < 2, reason="four gloo ranks on one core would take minutes; two cores run them slowly"
 )
-def test_a_2d_run_dp2_by_tp2_on_four_ranks_completes_and_follows_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("WORKBENCH_CPU_RANKS_MAX", "4")
+def test_a_2d_run_dp2_by_tp2_on_four_ranks_completes_and_follows_one_process(four_ranks_allowed: None) -> None:
     config = TrainConfig(strategy="fsdp2", tensor_parallel=2, sequence_parallel=True, nproc_per_node=4)
     one = run_trial("driving-vlm", TrainConfig(), warmup=1, steps=1, device="cpu", timeout_s=240)
     mesh = run_trial("driving-vlm", config, warmup=1, steps=1, device="cpu", timeout_s=240)
@@ -234,3 +270,33 @@ def test_a_2d_run_dp2_by_tp2_on_four_ranks_completes_and_follows_one_process(mon
     detail = {a["toggle"]: a["detail"] for a in mesh.applied}
     assert "dp 2 × tp 2 mesh" in detail["tensor_parallel"]
     assert "fully_shard over 2 gloo ranks (the dp dimension" in detail["strategy"]
+
+
+def test_compare_sets_each_layouts_parameters_per_rank_and_collectives_beside_the_times() -> None:
+    """The figures the ranks gathered reach the comparison table as written, for every configuration."""
+    from types import SimpleNamespace
+
+    from workbench.analysis.layout_cost import layout_cost
+    from workbench.report import add_layout_columns
+
+    fsdp = SimpleNamespace(
+        distributed={
+            "parameter_bytes": [3 * 2**20, 3 * 2**20 + 4],
+            "collectives": [
+                {"all_gather": {"count": 12, "bytes": 2**21}, "reduce_scatter": {"count": 6, "bytes": 2**20}}
+            ],
+            "world_size": 2,
+        }
+    )
+    layout = layout_cost([fsdp])  # type: ignore[list-item]
+    assert layout is not None and layout["parameter_bytes_per_rank"] == 3 * 2**20 + 4
+    assert layout_cost([SimpleNamespace(distributed=None)]) is None  # type: ignore[list-item]
+    comp = SimpleNamespace(
+        baseline=SimpleNamespace(layout=None), candidates=[SimpleNamespace(summary=SimpleNamespace(layout=layout))]
+    )
+    headers: list[str] = ["config"]
+    rows = [["baseline"], ["fsdp2"]]
+    add_layout_columns(headers, rows, comp)  # type: ignore[arg-type]
+    assert headers[1:] == ["params/rank", "collectives/step (count × bytes)"]
+    assert rows[0][1:] == ["whole", "n/a"]
+    assert rows[1][2] == "AG 12 × 2.0 MiB, RS 6 × 1.0 MiB"

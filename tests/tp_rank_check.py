@@ -4,7 +4,8 @@ next to the same model in one piece on the same rank, and what each rank saw, as
     torchrun --nproc_per_node=2 tests/tp_rank_check.py OUT.json driving-vlm tensor_parallel=2,nproc_per_node=2
 
 The workload is a built-in name (tiny preset) or a 'module:attr' spec. Rank 0 writes: the losses (split, whole), the largest gradient difference (full tensors), the
-placements of a few parameters, and the collectives DTensor's CommDebugMode counted in one forward.
+placements of a few parameters, and the collectives of one forward as DTensor's CommDebugMode and
+the workbench's own counter saw them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 
 from workbench.config import TrainConfig
+from workbench.distributed.collectives import CollectiveCounter
 from workbench.levers.build import build
 from workbench.workloads import load_workload
 from workbench.workloads.base import move_batch
@@ -49,7 +51,7 @@ def main(out: str, workload_name: str, overrides: str) -> None:
     # CommDebugMode's module tracker fails inside transformers' models (IndexError in
     # _fw_set_module_hook, torch 2.13): collectives are counted on the built-in workloads only.
     comm = CommDebugMode() if ":" not in workload_name else None
-    with comm if comm is not None else contextlib.nullcontext():
+    with comm if comm is not None else contextlib.nullcontext(), CollectiveCounter() as counter:
         output = workload.forward_fn(step.model, batch)
     loss = workload.loss_fn(output, batch)
     loss.backward()
@@ -73,6 +75,7 @@ def main(out: str, workload_name: str, overrides: str) -> None:
             name: list(getattr(params[name], "_local_tensor", params[name]).shape) for name in PLACED if name in params
         },
         "comm_counts": {str(op).split(".")[-1]: n for op, n in comm.get_comm_counts().items()} if comm else None,
+        "counted": counter.counts,
         "applied": {a.toggle: a.detail for a in step.applied},
     }
     if dist.get_rank() == 0:
