@@ -300,3 +300,28 @@ def test_compare_sets_each_layouts_parameters_per_rank_and_collectives_beside_th
     assert headers[1:] == ["params/rank", "collectives/step (count × bytes)"]
     assert rows[0][1:] == ["whole", "n/a"]
     assert rows[1][2] == "AG 12 × 2.0 MiB, RS 6 × 1.0 MiB"
+
+
+# --- GPU-only levers, declared with their reason here -----------------------------------------
+
+
+def test_capabilities_list_tp_sp_async_tp_and_liger_with_their_reasons_on_a_cpu() -> None:
+    from workbench.levers import capabilities, check_config
+
+    caps = capabilities("cpu")
+    assert caps["tensor_parallel"][2].available and "gloo" in caps["tensor_parallel"][2].reason
+    assert caps["sequence_parallel"][True].available
+    assert not caps["async_tp"][True].available and "CUDA" in caps["async_tp"][True].reason
+    assert not caps["liger_kernels"][True].available and "CUDA" in caps["liger_kernels"][True].reason
+    with pytest.raises(ConfigError, match=r"liger_kernels=True is not available on cpu: Liger's kernels are Triton"):
+        check_config(TrainConfig(liger_kernels=True), "cpu")
+    with pytest.raises(ConfigError, match=r"async_tp=True is not available on cpu"):
+        check_config(TrainConfig(async_tp=True, tensor_parallel=2, nproc_per_node=2, compile="default"), "cpu")
+
+
+def test_async_tp_needs_tensor_parallelism_and_compile() -> None:
+    with pytest.raises(ConfigError, match=r"needs tensor_parallel=2 \(or more\) and compile=default"):
+        TrainConfig(async_tp=True)
+    with pytest.raises(ConfigError, match=r"needs tensor_parallel=2"):
+        TrainConfig(async_tp=True, tensor_parallel=2, nproc_per_node=2)
+    TrainConfig(async_tp=True, tensor_parallel=2, nproc_per_node=2, compile="default")

@@ -167,6 +167,16 @@ class TrainConfig:
     and reduce-scattered after a row-wise one instead of all-reduced. Needs the sequence length to
     divide by the degree."""
 
+    async_tp: bool = False
+    """With tensor_parallel and compile: overlap tensor parallelism's all-gathers and reduce-scatters
+    with the matmuls next to them (inductor's micro-pipelined TP over symmetric memory), instead of
+    waiting for each collective. CUDA GPUs with peer-to-peer access only."""
+
+    liger_kernels: bool = False
+    """Liger's fused Triton kernels on a Hugging Face model (RMSNorm, RoPE, SwiGLU, fused linear +
+    cross-entropy, which never materializes the logits: the big memory win at a large vocabulary).
+    CUDA only; needs `pip install 'training-workbench[liger]'`."""
+
     activation_memory_budget: float = 1.0
     """Compile only: the share (0-1) of the default compiled graph's saved activations to keep; the
     compiler's partitioner recomputes the cheapest rest in backward. 1.0 is off (PyTorch's default,

@@ -165,6 +165,13 @@ def _check_model_parallel(cfg: TrainConfig) -> None:
         raise ConfigError(
             "sequence_parallel splits the sequence over the tensor-parallel ranks; set tensor_parallel=2 (or more)"
         )
+    if not isinstance(cfg.async_tp, bool) or not isinstance(cfg.liger_kernels, bool):
+        raise ConfigError("async_tp and liger_kernels must be true or false")
+    if cfg.async_tp and (cfg.tensor_parallel == 1 or cfg.compile == "off"):
+        raise ConfigError(
+            "async_tp overlaps tensor parallelism's collectives inside compiled graphs: it needs "
+            "tensor_parallel=2 (or more) and compile=default (or another mode)"
+        )
     degree = cfg.tensor_parallel
     if degree == 1:
         return
