@@ -24,7 +24,7 @@ from workbench.config import ConfigError, TrainConfig
 from workbench.distributed.sharding import data_parallel_position
 from workbench.levers import registry
 from workbench.levers.tensor_parallel import check_model_parallel, parallel_style
-from workbench.levers.tp_plan import hugging_face_plan, plan_for
+from workbench.levers.tp_plan import hugging_face_plan, matching, plan_for
 from workbench.trials import run_trial
 from workbench.workloads import Workload, load_workload, planner, vlm
 
@@ -325,3 +325,31 @@ def test_async_tp_needs_tensor_parallelism_and_compile() -> None:
     with pytest.raises(ConfigError, match=r"needs tensor_parallel=2"):
         TrainConfig(async_tp=True, tensor_parallel=2, nproc_per_node=2)
     TrainConfig(async_tp=True, tensor_parallel=2, nproc_per_node=2, compile="default")
+
+
+# --- the memory estimate, per rank ------------------------------------------------------------
+
+
+def test_the_memory_estimate_is_per_rank_holding_the_split_layers_share() -> None:
+    """Parameters on a rank: the whole model less half of every split weight (and of a column-wise
+    layer's bias), counted from the model itself; sequence parallelism then lowers the activations."""
+    import workbench as wb
+
+    model = vlm.DrivingVlm(vlm.PRESETS["tiny"])
+    whole = sum(p.numel() * 4 for p in model.parameters())
+    split = 0
+    for pattern, style in load_workload("driving-vlm").tp_plan.items():
+        for _, module in matching(model, pattern):
+            if style in ("colwise", "colwise_rep"):
+                split += sum(p.numel() * 4 for p in module.parameters())
+            elif style == "rowwise":
+                split += module.weight.numel() * 4
+    one = wb.estimate_memory("driving-vlm", TrainConfig(), "cpu")
+    tp = wb.estimate_memory("driving-vlm", TP2, "cpu")
+    sp = wb.estimate_memory("driving-vlm", TP2_SP, "cpu")
+    assert one.breakdown["parameters"] == whole
+    assert tp.breakdown["parameters"] == sp.breakdown["parameters"] == whole - split // 2
+    assert sp.peak_bytes < tp.peak_bytes < one.peak_bytes
+    assert tp.batch_size == one.batch_size  # a tp group trains the whole global batch
+    assert any("rank 0 of 2 (dp 1 × tp 2" in note for note in tp.notes)
+    assert not torch.distributed.is_initialized()  # the fake world is gone again
