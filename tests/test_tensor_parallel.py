@@ -353,3 +353,30 @@ def test_the_memory_estimate_is_per_rank_holding_the_split_layers_share() -> Non
     assert tp.batch_size == one.batch_size  # a tp group trains the whole global batch
     assert any("rank 0 of 2 (dp 1 × tp 2" in note for note in tp.notes)
     assert not torch.distributed.is_initialized()  # the fake world is gone again
+
+
+def test_a_sequence_the_meta_check_could_not_see_is_refused_at_the_first_forward() -> None:
+    """A model whose forward cannot run on the meta device (it reads a value) is checked in the ranks."""
+    from workbench.levers.sequence_parallel import guard_sequence, sequence_lengths
+
+    class ReadsAValue(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.Sequential(nn.Linear(8, 8))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            scale = float(x.abs().max())  # a value: no meta kernel can give it
+            return self.blocks(x / scale)
+
+    plan = {"blocks": "sequence_region", "blocks.0": "colwise"}
+    workload = Workload.from_callables(
+        ReadsAValue, batch_fn=lambda n: torch.randn(n, 7, 8), loss_fn=lambda o, b: o.sum(), tp_plan=plan
+    )
+    with torch.device("meta"):
+        meta = ReadsAValue()
+    assert sequence_lengths(workload, TP2_SP, plan, meta) == {}
+    model = ReadsAValue()
+    guard_sequence(model, plan, 2)
+    model(torch.randn(2, 8, 8))  # 8 tokens divide by 2
+    with pytest.raises(ConfigError, match=r"the sequence region sequence length = 7 does not divide by 2"):
+        model(torch.randn(2, 7, 8))

@@ -60,11 +60,10 @@ def regions(plan: dict[str, Any]) -> list[str]:
     return [pattern for pattern, style in plan.items() if style == "sequence_region"]
 
 
-def sequence_lengths(workload: Workload, config: TrainConfig, plan: dict[str, Any]) -> dict[str, int]:
-    """The sequence length entering each sequence region, from one forward on the meta device
-    (shapes only: no memory, no compute), so the check comes before any rank starts."""
-    with torch.device("meta"):
-        model = workload.model_fn()
+def sequence_lengths(workload: Workload, config: TrainConfig, plan: dict[str, Any], model: nn.Module) -> dict[str, int]:
+    """The sequence length entering each sequence region, from one forward of `model` (built on the
+    meta device: shapes only, no memory, no compute), so the check comes before any rank starts.
+    A model whose forward cannot run there gives none: `guard_sequence` then checks in the ranks."""
     targets = [(pattern, module) for pattern in regions(plan) for _, module in matching(model, pattern)]
     if not targets:
         return {}
@@ -77,6 +76,8 @@ def sequence_lengths(workload: Workload, config: TrainConfig, plan: dict[str, An
     try:
         with torch.no_grad():
             workload.forward_fn(model, move_batch(batch, "meta"))
+    except (RuntimeError, NotImplementedError, ValueError, TypeError):
+        return lengths  # e.g. a data-dependent branch (.item()) has no value on meta
     finally:
         for handle in handles:
             handle.remove()
@@ -92,6 +93,25 @@ def _recorder(lengths: dict[str, int], pattern: str) -> Any:
     return record
 
 
+def guard_sequence(model: nn.Module, plan: dict[str, Any], degree: int) -> None:
+    """Refuse, at the first forward, a sequence the degree does not divide (when the up-front check
+    could not run the model on the meta device): uneven shards would fail deep in a collective."""
+
+    def check(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        lengths: dict[str, int] = {}
+        _recorder(lengths, "the sequence region")(module, args, kwargs)
+        for name, length in lengths.items():
+            if length % degree:
+                raise ConfigError(
+                    f"sequence_parallel with tensor_parallel={degree}: {name} = {length} does not divide by "
+                    f"{degree}; set sequence_parallel=false, or a sequence length that divides"
+                )
+
+    for pattern in regions(plan):
+        for _, module in matching(model, pattern):
+            module.register_forward_pre_hook(check, with_kwargs=True, prepend=True)
+
+
 def require_region(plan: dict[str, Any], workload_name: str) -> None:
     """Refuse sequence parallelism for a plan that names no region to split."""
     if not regions(plan):
@@ -102,11 +122,11 @@ def require_region(plan: dict[str, Any], workload_name: str) -> None:
         )
 
 
-def sequence_sizes(workload: Workload, config: TrainConfig, plan: dict[str, Any]) -> dict[str, int]:
+def sequence_sizes(workload: Workload, config: TrainConfig, plan: dict[str, Any], model: nn.Module) -> dict[str, int]:
     """What sequence parallelism splits (each region's sequence length), for the degree check;
     refuses a plan without a region."""
     require_region(plan, workload.name)
-    return sequence_lengths(workload, config, plan)
+    return sequence_lengths(workload, config, plan, model)
 
 
 LEVER = Lever(

@@ -85,13 +85,22 @@ def check_model_parallel(workload: Workload, config: TrainConfig) -> None:
     and under sequence parallelism the sequence length from one forward there."""
     if config.tensor_parallel == 1:
         return
-    with torch.device("meta"):
-        model = workload.model_fn()
+    model = shapes_only(workload)
     plan, _ = plan_for(workload, model)
     sizes = split_sizes(model, plan)
     if config.sequence_parallel:
-        sizes.update(sequence_parallel.sequence_sizes(workload, config, plan))
+        sizes.update(sequence_parallel.sequence_sizes(workload, config, plan, model))
     check_divides(sizes, config.tensor_parallel, f"workload '{workload.name}'")
+
+
+def shapes_only(workload: Workload) -> nn.Module:
+    """The workload's model on the meta device (no memory); built for real on the CPU when its
+    code cannot run there (e.g. it reads a weight's value while initializing)."""
+    try:
+        with torch.device("meta"):
+            return workload.model_fn()
+    except (RuntimeError, NotImplementedError, ValueError, TypeError):
+        return workload.model_fn()
 
 
 def local_parameter_bytes(model: nn.Module) -> int:
@@ -115,6 +124,7 @@ def _apply(step: TrainStep) -> None:
     check_divides(split_sizes(model, plan), config.tensor_parallel, f"workload '{step.workload.name}'")
     if config.sequence_parallel:
         sequence_parallel.require_region(plan, step.workload.name)
+        sequence_parallel.guard_sequence(model, plan, config.tensor_parallel)
     whole = local_parameter_bytes(model)
     step.device_mesh = device_mesh(config, step.device)
     tp_mesh = step.device_mesh["tp"]
