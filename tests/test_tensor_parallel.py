@@ -97,6 +97,20 @@ def test_tp2_without_sequence_parallel_all_reduces_once_per_row_wise_layer(tmp_p
     assert report["comm_counts"] == {"all_reduce": 2 * depth, "all_gather_into_tensor": 1}
 
 
+@pytest.mark.parametrize(
+    "after",
+    [{"activation_checkpointing": "full"}, {"compile": "default", "compile_backend": "aot_eager"}],
+    ids=["checkpointing", "compile"],
+)
+def test_tp_and_sp_compose_with_the_levers_applied_after_them(tmp_path: Path, after: dict) -> None:
+    """Checkpointing wraps, and compile traces, the split blocks: still one process's loss and gradients."""
+    report = run_ranks(tmp_path, "driving-vlm", TP2_SP.replace(**after))
+    assert report["loss"] == pytest.approx(report["whole_loss"], rel=1e-6)
+    assert report["max_grad_diff"] < 1e-5
+    assert next(iter(after)) in report["applied"]  # the lever really applied, after tensor parallelism
+    assert list(report["applied"]).index("tensor_parallel") < list(report["applied"]).index(next(iter(after)))
+
+
 def test_a_hugging_face_causal_lm_runs_tp2_with_its_own_declared_plan(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     report = run_ranks(tmp_path, "hf_llama_workload:workload", TP2)
