@@ -155,6 +155,28 @@ class TrainConfig:
     """FSDP2 mixed-precision policy: dtype parameters are gathered and computed in (gradients are
     reduced in fp32). bf16 halves all-gather bytes; BatchNorm layers stay fp32 and need amp=bf16."""
 
+    tensor_parallel: int = 1
+    """Tensor-parallel degree (Megatron-style, on DTensor): each layer of the model's plan is split
+    over this many ranks (attention by heads, the MLP by width), so each holds 1/degree of those
+    weights. The ranks form a 2-D mesh, dp × tp = nproc_per_node × nnodes; strategy=fsdp2 shards
+    the rest over dp, strategy=none runs tensor parallelism alone (dp = 1). 1 is off."""
+
+    sequence_parallel: bool = False
+    """With tensor_parallel: the norms and residual stream between the split layers hold 1/degree
+    of the sequence each (activation memory / degree there), all-gathered before a column-wise layer
+    and reduce-scattered after a row-wise one instead of all-reduced. Needs the sequence length to
+    divide by the degree."""
+
+    async_tp: bool = False
+    """With tensor_parallel and compile: overlap tensor parallelism's all-gathers and reduce-scatters
+    with the matmuls next to them (inductor's micro-pipelined TP over symmetric memory), instead of
+    waiting for each collective. CUDA GPUs with peer-to-peer access only."""
+
+    liger_kernels: bool = False
+    """Liger's fused Triton kernels on a Hugging Face model (RMSNorm, RoPE, SwiGLU, fused linear +
+    cross-entropy, which never materializes the logits: the big memory win at a large vocabulary).
+    CUDA only; needs `pip install 'training-workbench[liger]'`."""
+
     activation_memory_budget: float = 1.0
     """Compile only: the share (0-1) of the default compiled graph's saved activations to keep; the
     compiler's partitioner recomputes the cheapest rest in backward. 1.0 is off (PyTorch's default,
@@ -233,6 +255,11 @@ class TrainConfig:
             for f in dataclasses.fields(self)
             if getattr(self, f.name) != getattr(other, f.name)
         }
+
+    @property
+    def launches_ranks(self) -> bool:
+        """Whether a trial of this config runs as torchrun ranks (data or tensor parallel)."""
+        return self.strategy != "none" or self.tensor_parallel > 1
 
     def describe(self) -> str:
         """Short label: the fields that differ from the defaults ('amp=bf16, channels_last=True')."""

@@ -50,6 +50,7 @@ def _check_numbers(cfg: TrainConfig) -> None:
     _check_int("intra_op_threads", cfg.intra_op_threads, 1, allow_none=True)
     _check_int("nproc_per_node", cfg.nproc_per_node, 1)
     _check_int("nnodes", cfg.nnodes, 1)
+    _check_int("tensor_parallel", cfg.tensor_parallel, 1)
     cap = cfg.ddp_bucket_cap_mb
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < math.inf):
         raise ConfigError(f"ddp_bucket_cap_mb must be a positive number of MB (or none for 25), got {cap!r}")
@@ -109,7 +110,8 @@ def _check_distributed(cfg: TrainConfig) -> None:
     """Distributed fields: each belongs to a strategy, and a world needs a way to meet."""
     if not isinstance(cfg.rdzv_endpoint, str):
         raise ConfigError(f"rdzv_endpoint must be a 'HOST:PORT' string, got {cfg.rdzv_endpoint!r}")
-    if cfg.strategy == "none":
+    _check_model_parallel(cfg)
+    if not cfg.launches_ranks:
         for name, default in {"nproc_per_node": 1, "nnodes": 1, "rdzv_endpoint": ""}.items():
             if getattr(cfg, name) != default:
                 raise ConfigError(
@@ -134,22 +136,70 @@ def _check_distributed(cfg: TrainConfig) -> None:
             f"nnodes={cfg.nnodes} needs rdzv_endpoint=HOST:PORT: the first node's address, where "
             "torchrun's c10d rendezvous meets (e.g. rdzv_endpoint=node0:29500)"
         )
-    if cfg.strategy == "none":
+    if not cfg.launches_ranks:
         return
     if cfg.cuda_graphs:
         raise ConfigError(
-            f"cuda_graphs with strategy={cfg.strategy} is not supported (collectives inside a captured "
+            f"cuda_graphs with {_parallelism(cfg)} is not supported (collectives inside a captured "
             "graph need NCCL graph-safe setup the workbench does not do); turn one of them off"
         )
     if cfg.grad_accumulation > 1:
         raise ConfigError(
-            f"grad_accumulation > 1 with strategy={cfg.strategy} is not supported yet (every micro-batch "
+            f"grad_accumulation > 1 with {_parallelism(cfg)} is not supported yet (every micro-batch "
             "would synchronize gradients); raise batch_size instead, it is the global batch"
         )
     if cfg.fsdp_param_dtype == "bf16" and cfg.amp == "fp16":
         raise ConfigError(
             "fsdp_param_dtype=bf16 with amp=fp16 computes in two half dtypes at once; use amp=bf16 (or fp32)"
         )
+
+
+# --- tensor_parallel and sequence_parallel levers: the 2-D mesh dp × tp --------------------------
+
+
+def _check_model_parallel(cfg: TrainConfig) -> None:
+    """The mesh must tile the ranks (dp × tp = nproc_per_node × nnodes); SP lives inside TP."""
+    if not isinstance(cfg.sequence_parallel, bool):
+        raise ConfigError(f"sequence_parallel must be true or false, got {cfg.sequence_parallel!r}")
+    if cfg.sequence_parallel and cfg.tensor_parallel == 1:
+        raise ConfigError(
+            "sequence_parallel splits the sequence over the tensor-parallel ranks; set tensor_parallel=2 (or more)"
+        )
+    if not isinstance(cfg.async_tp, bool) or not isinstance(cfg.liger_kernels, bool):
+        raise ConfigError("async_tp and liger_kernels must be true or false")
+    if cfg.async_tp and (cfg.tensor_parallel == 1 or cfg.compile == "off"):
+        raise ConfigError(
+            "async_tp overlaps tensor parallelism's collectives inside compiled graphs: it needs "
+            "tensor_parallel=2 (or more) and compile=default (or another mode)"
+        )
+    degree = cfg.tensor_parallel
+    if degree == 1:
+        return
+    ranks = cfg.nproc_per_node * cfg.nnodes
+    if cfg.strategy == "ddp":
+        raise ConfigError(
+            f"tensor_parallel={degree} with strategy=ddp is not supported: use strategy=fsdp2 (FSDP2 over the "
+            "data-parallel ranks of a dp × tp mesh) or strategy=none (tensor parallelism alone)"
+        )
+    if ranks % degree:
+        fitting = [d for d in range(2, ranks + 1) if ranks % d == 0]
+        raise ConfigError(
+            f"tensor_parallel={degree} does not divide the {ranks} ranks (nproc_per_node × nnodes = dp × tp); "
+            f"degrees that would: {', '.join(map(str, fitting)) or 'none (one rank)'}, "
+            f"or set nproc_per_node to a multiple of {degree}"
+        )
+    if cfg.strategy == "none" and ranks != degree:
+        raise ConfigError(
+            f"strategy=none with tensor_parallel={degree} uses every rank for tensor parallelism, but there are "
+            f"{ranks}: set nproc_per_node × nnodes = {degree}, or strategy=fsdp2 to shard over dp = {ranks // degree}"
+        )
+
+
+def _parallelism(cfg: TrainConfig) -> str:
+    """How the config's ranks split the work, for a message."""
+    if cfg.tensor_parallel > 1:
+        return f"strategy={cfg.strategy}, tensor_parallel={cfg.tensor_parallel}"
+    return f"strategy={cfg.strategy}"
 
 
 # --- the compiler-level levers: activation_memory_budget, activation_offload, float8,

@@ -122,6 +122,7 @@ def comparison_table(outcome: ComparisonRun) -> str:
     headers = ["config", "median ms", "IQR ms", "speedup", f"{comp.confidence:.0%} CI", "peak memory (Δ)",
                "final-loss Δ", "numerics", "verdict"]  # fmt: skip
     add_utilization_columns(headers, rows, comp)
+    add_layout_columns(headers, rows, comp)
     bound = outcome.loader_bound
     notes = [f"Ideal loader (batches staged on the device): {bound.sentence()}"] if bound is not None else []
     return table(headers, rows) + "\n" + "\n".join([*notes, *protocol_notes(comp), *compiled_candidate_lines(outcome)])
@@ -264,6 +265,34 @@ def add_utilization_columns(headers: list[str], rows: list[list[str]], comp: Com
             utilization_cell(cand.summary.utilization, cand.utilization_delta),
             energy_cell(cand.summary.utilization, cand.utilization_delta),
         ]
+
+
+def add_layout_columns(headers: list[str], rows: list[list[str]], comp: Comparison) -> None:
+    """Parameters per rank and collectives per step, when a distributed configuration is compared."""
+    summaries = [comp.baseline, *(cand.summary for cand in comp.candidates)]
+    if not any(s.layout for s in summaries):
+        return
+    headers += ["params/rank", "collectives/step (count × bytes)"]
+    for row, summary in zip(rows, summaries):
+        layout = summary.layout or {}
+        held = layout.get("parameter_bytes_per_rank")
+        row += [
+            format_bytes(held) if held is not None else "whole",
+            collectives_text(layout.get("collectives")),
+        ]
+
+
+COLLECTIVE_SHORT = {"all_gather": "AG", "reduce_scatter": "RS", "all_reduce": "AR", "broadcast": "BC"}
+
+
+def collectives_text(collectives: dict[str, dict[str, int]] | None) -> str:
+    """'AG 15 × 3.1 MiB, RS 12 × 2.0 MiB': each collective's count and total bytes in one step."""
+    if not collectives:
+        return "n/a"
+    return ", ".join(
+        f"{COLLECTIVE_SHORT.get(kind, kind)} {entry['count']} × {format_bytes(entry['bytes'])}"
+        for kind, entry in sorted(collectives.items())
+    )
 
 
 def utilization_cell(util: dict[str, Any] | None, delta: dict[str, Any] | None = None) -> str:

@@ -53,7 +53,7 @@ def run_request(
     The request is resolved here, once (device settled, config checked on it); every path below
     trusts that and checks nothing again."""
     request = request.resolved()
-    if request.config.strategy != "none":
+    if request.config.launches_ranks:
         from workbench.distributed import run_distributed_trial
 
         return run_distributed_trial(request, on_event, cancel)

@@ -27,6 +27,7 @@ from workbench.analysis.intervals import (
     unpaired_speedup,
     verdict_for,
 )
+from workbench.analysis.layout_cost import layout_cost
 from workbench.analysis.numerics import NumericsCheck, check_numerics
 from workbench.analysis.utilization import summarize_utilization, utilization_delta
 from workbench.config import TrainConfig
@@ -59,6 +60,8 @@ class TrialSummary:
     final_loss: float | None
     trial_ids: list[str] = field(default_factory=list)
     utilization: dict[str, Any] | None = None
+    layout: dict[str, Any] | None = None
+    """Distributed runs: parameters per rank and collectives per step (`layout_cost`)."""
     """The timed windows' utilization and energy, each figure's median over the trials
     (`analysis.utilization.FIGURES`); None for trials recorded without them."""
 
@@ -311,6 +314,7 @@ def summarize(runs: Sequence[TrialResult]) -> TrialSummary:
         final_loss=ok[0].final_loss if ok else None,
         trial_ids=[r.trial_id for r in runs],
         utilization=summarize_utilization(ok),
+        layout=layout_cost(ok),
     )
 
 

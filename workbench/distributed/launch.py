@@ -94,7 +94,7 @@ def run_distributed_trial(
         )
     timeout = float(request.timeout_s) if request.timeout_s is not None else DEFAULT_TIMEOUT_S
     dev = request.torch_device()
-    _check_batch(request.workload, request.preset, config)
+    _check_layout(request.workload, request.preset, config)
     directory = Path(tempfile.mkdtemp(prefix="workbench-dist-"))
     # The ranks' collective timeout is the parent's silence limit plus a minute, so the parent acts first.
     wire = replace(request, timeout_s=timeout + 60.0).to_wire()
@@ -141,13 +141,16 @@ def rank_environment(config: TrainConfig, device_type: str) -> dict[str, str]:
     return env
 
 
-def _check_batch(workload: Workload | str, preset: str, config: TrainConfig) -> None:
-    """The global batch must split evenly over the ranks: refuse here, before any process starts."""
+def _check_layout(workload: Workload | str, preset: str, config: TrainConfig) -> None:
+    """The global batch must split evenly over the data shards, and the model over the tensor-parallel
+    degree: refuse here, before any process starts."""
     from workbench.distributed.sharding import local_batch_size
+    from workbench.levers.tensor_parallel import check_model_parallel
     from workbench.workloads import load_workload
 
     wl = load_workload(workload, preset=preset, **config.extra) if isinstance(workload, str) else workload
-    local_batch_size(wl.effective_batch_size(config), config.nproc_per_node * config.nnodes)
+    local_batch_size(wl.effective_batch_size(config), config.nproc_per_node * config.nnodes // config.tensor_parallel)
+    check_model_parallel(wl, config)
 
 
 class _Follower:

@@ -21,10 +21,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from workbench.distributed.collectives import CollectiveCounter
 from workbench.distributed.overlap import comm_profile, intervals_from_events
-from workbench.distributed.sharding import shard_workload
+from workbench.distributed.sharding import data_parallel_position, shard_workload
 from workbench.distributed.stats import summarize_ranks
 from workbench.levers.build import TrainStep, build
+from workbench.levers.tensor_parallel import local_parameter_bytes
 from workbench.measure.compile_report import CompileWatch
 from workbench.measure.events import EventSink, TrialFinished, TrialStarted
 from workbench.measure.outcome import start_result
@@ -71,7 +73,7 @@ def run_rank_trial(request: TrialRequest, ctx: RankContext, *, emit: EventSink, 
     command line (`export.to_command`, a cluster node) is checked here, when the model is built."""
     config, workload = request.config, request.workload
     wl = load_workload(workload, preset=request.preset, **config.extra) if isinstance(workload, str) else workload
-    local_wl, local_config = shard_workload(wl, config, ctx.rank, ctx.world_size)
+    local_wl, local_config = shard_workload(wl, config, *data_parallel_position(config, ctx.rank, ctx.world_size))
     progress(-1, "setup")
     result = start_result(_shared_trial_id(ctx), request, wl, ctx.device)
     emit(TrialStarted(result.trial_id, wl.describe(), result.config, request.warmup, request.steps,
@@ -101,13 +103,17 @@ def run_rank_trial(request: TrialRequest, ctx: RankContext, *, emit: EventSink, 
     local["cpu"] = (result.utilization or {}).get("cpu")
     local["cpu_ms"] = queue.cpu_ms[result.warmup :]
     local["cpu_wait_ms"] = queue.cpu_wait_ms[result.warmup :]
+    local["parameter_bytes"] = local_parameter_bytes(train_step.base_model)
     if result.status == "ok":
-        local["profile"] = profile_comm(train_step, batches, ctx, result.warmup + result.steps, progress).to_dict()
+        local["collectives"] = count_collectives(train_step, batches, ctx, result.warmup + result.steps, progress)
+        local["profile"] = profile_comm(train_step, batches, ctx, result.warmup + result.steps + 1, progress).to_dict()
         local["allreduce"] = measure_allreduce(_gradient_bytes(train_step), ctx)
     gathered: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(gathered, local)
     result.rank_step_ms = [list(item["step_ms"]) for item in gathered]
     result.distributed = summarize_ranks(gathered, config, ctx.backend, ctx.world_size, _step_comm_bytes(train_step))
+    result.distributed["tensor_parallel"] = config.tensor_parallel
+    result.distributed["sequence_parallel"] = config.sequence_parallel
     _record_memory(result, gathered, ctx)
     result.wall_time_s = time.perf_counter() - started
     emit(TrialFinished(result.trial_id, result))
@@ -139,6 +145,18 @@ def _noting_phases(progress: Progress, waits: SyncWaits, queue: ThreadSteps) -> 
         progress(step, phase)
 
     return on_phase
+
+
+def count_collectives(
+    step: TrainStep, batches: Any, ctx: RankContext, index: int, progress: Progress
+) -> dict[str, dict[str, int]]:
+    """The collectives one extra step issues on this rank, by kind: count and bytes."""
+    micro = [step.prepare_batch(next(batches)) for _ in range(step.config.grad_accumulation)]
+    with CollectiveCounter() as counter:
+        step(micro)
+    synchronize(ctx.device)
+    progress(index, "profile")
+    return counter.counts
 
 
 def profile_comm(step: TrainStep, batches: Any, ctx: RankContext, first_index: int, progress: Progress) -> Any:

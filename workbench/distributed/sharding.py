@@ -34,6 +34,12 @@ def local_batch_size(global_batch: int, world_size: int) -> int:
     return global_batch // world_size
 
 
+def data_parallel_position(config: TrainConfig, rank: int, world_size: int) -> tuple[int, int]:
+    """(this rank's data shard, how many shards): the ranks of one tensor-parallel group (tp
+    consecutive ranks, the dp × tp mesh's rows) train the same batch, so there are world / tp shards."""
+    return rank // config.tensor_parallel, world_size // config.tensor_parallel
+
+
 def shard_workload(workload: Workload, config: TrainConfig, rank: int, world_size: int) -> tuple[Workload, TrainConfig]:
     """The workload and config rank `rank` trains on: same model and loss, its slice of the data."""
     global_batch = workload.effective_batch_size(config)

@@ -42,6 +42,10 @@ def summarize_ranks(
     probes = [item["allreduce"] for item in gathered if item.get("allreduce")]
     summary["allreduce"] = max(probes, key=lambda p: p["time_ms"]) if probes else None  # the slowest rank bounds it
     summary["step_comm_bytes"] = step_comm_bytes
+    # Per rank: collective kind -> count and bytes in one training step (`distributed.collectives`),
+    # and the bytes of parameters it holds (a DTensor counts its local shard), whatever the layout.
+    summary["collectives"] = [item.get("collectives") for item in gathered]
+    summary["parameter_bytes"] = [item.get("parameter_bytes") for item in gathered]
     summary["step_comm_gbps"] = step_comm_bytes / (comm / 1000.0) / 1e9 if step_comm_bytes and comm else None
     summary.update(_skews(rows))
     summary["timeline"] = [_timeline(item) for item in gathered]

@@ -37,6 +37,7 @@ from workbench.estimate.allocator import (
     workspace_error_bytes,
 )
 from workbench.estimate.fake_step import FakeStep, cpu_equivalent, fake_train_step
+from workbench.estimate.per_rank import fake_world, rank_batch_size
 from workbench.estimate.results import BatchSizeSearch, MemoryEstimate, default_budget, search_batch_size
 from workbench.workloads import Workload, load_workload
 
@@ -82,13 +83,20 @@ def estimate_memory(
 
     `device_name` is 'cpu' or a GPU name the peak table knows ('H100', 'NVIDIA H200', 'A100 80GB');
     `batch_size` overrides the config's. Runs in seconds on a CPU, whatever the batch size.
+    A distributed config (DDP, FSDP2, tensor/sequence parallel) is estimated per rank, the global
+    batch split over its data-parallel ranks (`per_rank.fake_world`).
     """
     from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
     config = config or TrainConfig()
     try:
-        with fake_train_step(workload, config, preset=preset, cuda=is_cuda_device_name(device_name)) as fake:
-            return fake.estimate(device_name, batch_size or fake.default_batch_size)
+        with (
+            fake_world(config) as notes,
+            fake_train_step(workload, config, preset=preset, cuda=is_cuda_device_name(device_name)) as fake,
+        ):
+            estimate = fake.estimate(device_name, rank_batch_size(config, batch_size or fake.default_batch_size))
+            estimate.notes.extend(notes)
+            return estimate
     except (DataDependentOutputException, DynamicOutputShapeException) as exc:
         return _real_step_estimate(workload, config, device_name, batch_size, preset, reason=_data_dependent(exc))
 

@@ -6,7 +6,7 @@ import json
 import shlex
 from typing import Any
 
-from workbench.config import ConfigError, TrainConfig, field_names
+from workbench.config import ConfigError, TrainConfig, field_names, parse_overrides
 from workbench.measure.request import TrialRequest
 from workbench.workloads.registry import DEFAULT_WORKLOAD
 
@@ -25,12 +25,10 @@ def to_command(
     With `nproc_per_node`, the `torchrun` form that starts one worker per process. A config
     with strategy ddp/fsdp2 gives the command every node runs: `torchrun` with the config's
     rendezvous arguments (`--standalone` on one node) around `-m workbench.distributed`, the
-    rank entry point. Fields are emitted in declaration order: the CLI applies each `--set`
-    in turn and validates after each, and every field that depends on another
-    (compile_fullgraph on compile, checkpoint_target on activation_checkpointing,
-    prefetch_factor on num_workers, nnodes on rdzv_endpoint) is declared after it.
+    rank entry point. Fields are emitted in declaration order; the CLI reads every `--set`
+    together and validates the result, as this function checks it reads back.
     """
-    if config.strategy != "none":
+    if config.launches_ranks:
         from workbench.distributed.command import RANK_MODULE, torchrun_args
 
         if nproc_per_node is not None and nproc_per_node != config.nproc_per_node:
@@ -47,13 +45,17 @@ def to_command(
         head = ["torchrun", f"--nproc_per_node={nproc_per_node}", "-m", "workbench.cli", "run"]
     argv = [*head, "--workload", workload, "--preset", preset]
     argv += ["--steps", str(steps), "--warmup", str(warmup)]
-    rebuilt = TrainConfig()
+    changes: dict[str, Any] = {}
     for item in _override_items(config):
         try:  # read back as the CLI will: a comma or edge whitespace in a value does not survive
-            rebuilt = rebuilt.with_overrides(item)
+            changes.update(parse_overrides(item))
         except ConfigError as exc:
             raise ConfigError(f"--set {item!r} would not parse back ({exc}); export as JSON instead") from None
         argv += ["--set", item]
+    try:  # the CLI validates every --set together, so fields that need each other may come in any order
+        rebuilt = TrainConfig().replace(**changes)
+    except ConfigError as exc:
+        raise ConfigError(f"these --set overrides would not parse back ({exc}); export as JSON instead") from None
     if rebuilt != config:
         diff = ", ".join(f"{k}: {v[1]!r} would become {v[0]!r}" for k, v in rebuilt.diff(config).items())
         raise ConfigError(f"this config cannot be written as --set overrides ({diff}); export as JSON instead")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -23,6 +24,9 @@ from workbench.levers.distributed import grads_stay_bucket_views
 from workbench.levers.memory_format import to_channels_last
 from workbench.levers.record import Applied
 from workbench.workloads.base import Batch, Workload, WorkloadError, move_batch
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 Mark = Callable[[str], None]
 
@@ -68,6 +72,8 @@ class TrainStep:
         self.model: nn.Module = model
         self.base_model: nn.Module = model
         self.applied: list[Applied] = []
+        self.device_mesh: DeviceMesh | None = None
+        """The dp × tp mesh, when tensor parallelism built one (FSDP2 then shards over its dp)."""
         self.scaler: torch.amp.GradScaler | None = None
         self.autocast: ContextFactory | None = None
         """Around forward and loss (AMP)."""

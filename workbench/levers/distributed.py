@@ -23,6 +23,8 @@ from workbench.levers.checkpointing import find_targets, resolve_target
 from workbench.levers.record import Applied, name_list
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
     from workbench.levers.build import TrainStep
 
 DEFAULT_BUCKET_CAP_MB = 25.0
@@ -30,12 +32,17 @@ DEFAULT_BUCKET_CAP_MB = 25.0
 
 
 def apply_data_parallel(
-    model: nn.Module, config: TrainConfig, device: torch.device, block_target: str | None = None
+    model: nn.Module,
+    config: TrainConfig,
+    device: torch.device,
+    block_target: str | None = None,
+    mesh: DeviceMesh | None = None,
 ) -> tuple[nn.Module, Applied]:
     """DDP wrapper or FSDP2-sharded model for `config.strategy`; what runs forward from now on.
 
     `block_target` is the workload's repeated block class (its checkpoint target): FSDP2 shards
     each such block as one unit, so a block's parameters are gathered just before it runs.
+    `mesh`: the data-parallel dimension of a dp × tp mesh (FSDP2 over it); None is every rank.
     """
     import torch.distributed as dist
 
@@ -47,7 +54,7 @@ def apply_data_parallel(
     if config.strategy == "ddp":
         return apply_ddp(model, config, device)
     if config.strategy == "fsdp2":
-        return apply_fsdp2(model, config, block_target)
+        return apply_fsdp2(model, config, block_target, mesh)
     raise ConfigError(f"strategy={config.strategy!r} is not a data-parallel strategy; use ddp or fsdp2")
 
 
@@ -109,7 +116,9 @@ def _register_comm_hook(wrapped: Any, hook: str, backend: str) -> str:
     return f"{function.__name__}: gradients cast to {hook} for the all-reduce (half the bytes), back to fp32 after"
 
 
-def apply_fsdp2(model: nn.Module, config: TrainConfig, block_target: str | None) -> tuple[nn.Module, Applied]:
+def apply_fsdp2(
+    model: nn.Module, config: TrainConfig, block_target: str | None, mesh: DeviceMesh | None = None
+) -> tuple[nn.Module, Applied]:
     """`fully_shard` each repeated block, then the root: one all-gather per block in forward.
 
     With fsdp_param_dtype=bf16, BatchNorm layers get their own fp32 policy: bf16 batch statistics
@@ -134,19 +143,23 @@ def apply_fsdp2(model: nn.Module, config: TrainConfig, block_target: str | None)
         modules = dict(model.named_modules())
         fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
         for name in norms:
-            fully_shard(modules[name], mp_policy=fp32, reshard_after_forward=config.fsdp_reshard_after_forward)
+            fully_shard(
+                modules[name], mesh=mesh, mp_policy=fp32, reshard_after_forward=config.fsdp_reshard_after_forward
+            )
         notes.append(f"{len(norms)} BatchNorm layer(s) kept fp32 (own fp32 policy, autocast on)")
     blocks = _blocks(model, config, block_target)
     modules = dict(model.named_modules())
     for name in blocks:
-        fully_shard(modules[name], mp_policy=policy, reshard_after_forward=config.fsdp_reshard_after_forward)
-    fully_shard(model, mp_policy=policy, reshard_after_forward=config.fsdp_reshard_after_forward)
+        fully_shard(modules[name], mesh=mesh, mp_policy=policy, reshard_after_forward=config.fsdp_reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=config.fsdp_reshard_after_forward)
     import torch.distributed as dist
 
     unit = f"{len(blocks)} block(s) ({name_list(blocks, 4)}) + root" if blocks else "the root module only"
     precision = "params bf16, gradients reduced in fp32" if config.fsdp_param_dtype == "bf16" else "fp32"
+    ranks = mesh.size() if mesh is not None else dist.get_world_size()
+    over = " (the dp dimension of the dp × tp mesh)" if mesh is not None else ""
     detail = (
-        f"fully_shard over {dist.get_world_size()} {dist.get_backend()} ranks: {unit}; "
+        f"fully_shard over {ranks} {dist.get_backend()} ranks{over}: {unit}; "
         f"reshard_after_forward={config.fsdp_reshard_after_forward}; {precision}"
     )
     if notes:
@@ -257,8 +270,9 @@ def _apply(step: TrainStep) -> None:
     because FSDP2 swaps the parameters for sharded DTensors; before compile, which traces the
     wrapped forward."""
     if step.config.strategy != "none":
+        mesh = step.device_mesh["dp"] if step.device_mesh is not None else None
         step.model, record = apply_data_parallel(
-            step.base_model, step.config, step.device, step.workload.checkpoint_target
+            step.base_model, step.config, step.device, step.workload.checkpoint_target, mesh
         )
         step.applied.append(record)
 

@@ -7,27 +7,34 @@ is read):
 2. float8 swaps nn.Linear for torchao's Float8Linear: a module change all later steps must see
    (checkpointing patches the final modules, the optimizer holds the final parameters, compile
    traces the float8 casts to fuse them); torchtitan converts before parallelizing.
-3. activation checkpointing patches module forwards. Before compile, so dynamo traces the
+3. Liger's kernels patch a Hugging Face model's modules by type: a module change like float8.
+4. tensor parallelism (then its sequence-parallel variant, applied with it) splits the plan's
+   layers into DTensor shards over the tp ranks: a module change, so before checkpointing (which
+   wraps the split blocks), compile (which traces them) and FSDP2 (which shards the rest over the
+   dp ranks of the same mesh and must see the DTensors) — torchtitan's order: TP, AC, compile, FSDP.
+   Async TP then enables symmetric memory for the tp group TP built; compile reads its pass.
+5. activation checkpointing patches module forwards. Before compile, so dynamo traces the
    checkpointed regions (torchtitan: "turn on per-block compile after AC wrapping").
-4. activation offload patches module forwards as checkpointing does, after it: on a module both
+6. activation offload patches module forwards as checkpointing does, after it: on a module both
    target, offload wraps the checkpointed forward and moves only what checkpointing saves.
-5. attention backend: FlexAttention swaps the attention call inside the model's modules, a module
+7. attention backend: FlexAttention swaps the attention call inside the model's modules, a module
    change, so before compile and the data-parallel wrappers; a forced SDPA kernel is a context
    around the step (forward and backward).
-6. data parallelism: after checkpointing, whose wrapped forwards the shards must contain; before
+8. data parallelism: after checkpointing, whose wrapped forwards the shards must contain, and last
+   of the parallel layouts (FSDP2 over the mesh's dp dimension when TP built one); before
    the optimizer, because FSDP2 swaps the parameters for sharded DTensors; before compile, so
    dynamo traces the wrapped forward (DDP: wrap, then compile).
-7. optimizer once the model is final, so it holds the parameters that train. CUDA graphs need
+9. optimizer once the model is final, so it holds the parameters that train. CUDA graphs need
    capturable Adam(W), so that is decided here already.
-8. batching: micro-batches per optimizer step, which the step runs.
-9. AMP: autocast around forward+loss, GradScaler for fp16 (no cast cache under CUDA graphs).
-10. float32 precision and 11. intra-op threads: process-global flags, scoped to the step.
-12. activation memory budget: a compiler setting read when the first forward compiles, so a
-    context around forward like 9-11, compiled in.
-13. compile last among module changes: it traces the final forward, with 9-12 active.
-14. compiled autograd: a context around each backward, after compile, whose forward makes it.
-15. CUDA graphs capture the step exactly as it finally runs (compiled, checkpointed, AMP).
-16. the data loader: outside the step (the loader that feeds it).
+10. batching: micro-batches per optimizer step, which the step runs.
+11. AMP: autocast around forward+loss, GradScaler for fp16 (no cast cache under CUDA graphs).
+12. float32 precision and 13. intra-op threads: process-global flags, scoped to the step.
+14. activation memory budget: a compiler setting read when the first forward compiles, so a
+    context around forward like 11-13, compiled in.
+15. compile last among module changes: it traces the final forward, with 11-14 active.
+16. compiled autograd: a context around each backward, after compile, whose forward makes it.
+17. CUDA graphs capture the step exactly as it finally runs (compiled, checkpointed, AMP).
+18. the data loader: outside the step (the loader that feeds it).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from workbench.config import ConfigError, TrainConfig
 from workbench.device import Availability, device_info, resolve_device
 from workbench.levers import (
     amp,
+    async_tp,
     attention,
     batching,
     checkpointing,
@@ -47,12 +55,15 @@ from workbench.levers import (
     cuda_graphs,
     distributed,
     float8,
+    liger,
     loader,
     memory_budget,
     memory_format,
     offload,
     optimizer,
     precision,
+    sequence_parallel,
+    tensor_parallel,
     threads,
 )
 from workbench.levers.base import Lever
@@ -63,6 +74,10 @@ if TYPE_CHECKING:
 LEVERS: tuple[Lever, ...] = (
     memory_format.LEVER,
     float8.LEVER,
+    liger.LEVER,
+    tensor_parallel.LEVER,
+    sequence_parallel.LEVER,
+    async_tp.LEVER,
     checkpointing.LEVER,
     offload.LEVER,
     attention.LEVER,

@@ -113,8 +113,9 @@ def paired_refusal(configs: Sequence[TrainConfig]) -> str | None:
                 "not guard: in one worker they would all run the graph compiled first"
             )
     for config in configs:
-        if config.strategy != "none":
-            return f"strategy={config.strategy} runs in torchrun processes"
+        if config.launches_ranks:
+            parallel = f", tensor_parallel={config.tensor_parallel}" if config.tensor_parallel > 1 else ""
+            return f"strategy={config.strategy}{parallel} runs in torchrun processes"
         if config.num_workers > 0:
             return (
                 f"num_workers={config.num_workers}: the idle configurations' DataLoader workers would use the CPU "

@@ -82,6 +82,11 @@ class Workload:
     """Options the workload was built with (e.g. sample_cost_ms), recorded with results."""
     source: dict[str, Any] | None = None
     """How to rebuild it elsewhere: {'kind': 'builtin'|'spec', 'name': ..., 'preset': ..., 'options': ...}."""
+    tp_plan: Mapping[str, Any] | None = None
+    """How tensor_parallel splits the model: module-name pattern ('blocks.*.attn.qkv') → style,
+    a name ('colwise', 'rowwise', 'colwise_rep', 'sequence_parallel', 'sequence_region', the
+    Hugging Face vocabulary) or a DTensor ParallelStyle. None: a Hugging Face model's own
+    `config.base_model_tp_plan`, else tensor_parallel is refused."""
 
     def __post_init__(self) -> None:
         if (self.dataset_fn is None) == (self.batch_fn is None):
@@ -107,6 +112,7 @@ class Workload:
         checkpoint_target: str | None = None,
         name: str = "custom",
         description: str = "",
+        tp_plan: Mapping[str, Any] | None = None,
     ) -> Workload:
         """Wrap a user's own model: `model_fn()` builds it, `loss_fn(output, batch)` scores it.
 
@@ -114,6 +120,7 @@ class Workload:
         synthetic batches) or `dataset_fn()` / `dataset_fn(seed)` (a map-style dataset of samples).
         Without `forward_fn` a dict batch is fed as `model(**batch)`; without `loss_fn` the
         output's own `loss` (attribute or key) is the loss — the Hugging Face conventions.
+        `tp_plan` says how tensor_parallel splits the model (see `Workload.tp_plan`).
         """
         ds_fn = _accepting_seed(dataset_fn) if dataset_fn is not None else None
         return cls(
@@ -127,6 +134,7 @@ class Workload:
             collate_fn=collate_fn,
             checkpoint_target=checkpoint_target,
             description=description,
+            tp_plan=tp_plan,
         )
 
     # --- data ---------------------------------------------------------------------

@@ -78,22 +78,25 @@ class SelfAttention(nn.Module):
 
     `attention_fn(q, k, v, is_causal=...)` is the kernel call: SDPA by default, replaceable per
     instance by a function with SDPA's signature (attention_backend=flex does that).
+    The fused projection's outputs are laid out head by head ([q k v] of head 0, then head 1, ...)
+    and the forward counts heads from the width it receives: a column-wise split of `qkv` into
+    contiguous blocks (tensor parallelism) then gives each rank whole heads, and it runs unchanged.
     """
 
     def __init__(self, dim: int, heads: int, causal: bool = False) -> None:
         super().__init__()
         if dim % heads:
             raise ValueError(f"attention width {dim} is not divisible by {heads} heads")
-        self.heads, self.causal = heads, causal
+        self.heads, self.causal, self.head_dim = heads, causal, dim // heads
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
         self.attention_fn: Callable[..., torch.Tensor] = F.scaled_dot_product_attention
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, tokens, dim = x.shape
-        qkv = self.qkv(x).view(batch, tokens, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
+        batch, tokens, _ = x.shape
+        qkv = self.qkv(x).view(batch, tokens, -1, 3, self.head_dim).permute(3, 0, 2, 1, 4)
         out = self.attention_fn(qkv[0], qkv[1], qkv[2], is_causal=self.causal)
-        return self.proj(out.transpose(1, 2).reshape(batch, tokens, dim))
+        return self.proj(out.transpose(1, 2).reshape(batch, tokens, -1))
 
 
 class TransformerBlock(nn.Module):
@@ -112,6 +115,25 @@ class TransformerBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))
         return x + self.mlp(self.norm2(x))
+
+
+def transformer_tp_plan(blocks: str) -> dict[str, str]:
+    """The tensor-parallel plan of a stack of TransformerBlocks named `blocks` (Megatron's split).
+
+    Attention: qkv column-wise (whole heads per rank), proj row-wise; MLP: fc1 column-wise, fc2
+    row-wise; one all-reduce (or, with sequence parallelism, an all-gather before and a
+    reduce-scatter after) per half-block. The norms run sequence-parallel, and the stack is one
+    sequence region: its input is split along the sequence and its output gathered again.
+    """
+    return {
+        blocks: "sequence_region",
+        f"{blocks}.*.norm1": "sequence_parallel",
+        f"{blocks}.*.attn.qkv": "colwise",
+        f"{blocks}.*.attn.proj": "rowwise",
+        f"{blocks}.*.norm2": "sequence_parallel",
+        f"{blocks}.*.mlp.fc1": "colwise",
+        f"{blocks}.*.mlp.fc2": "rowwise",
+    }
 
 
 class GridAttention(nn.Module):

@@ -19,7 +19,7 @@ from torch import nn
 
 from workbench.workloads.base import Workload
 from workbench.workloads.catalog import register
-from workbench.workloads.layers import TransformerBlock, init_transformer_weights
+from workbench.workloads.layers import TransformerBlock, init_transformer_weights, transformer_tp_plan
 from workbench.workloads.synthetic import Sample, SyntheticDataset, check_sample_cost, choose_preset
 
 NAME = "e2e-planner"
@@ -193,6 +193,7 @@ def build_e2e_planner(preset: str = "tiny", sample_cost_ms: float = 0.0) -> Work
         dataset_fn=functools.partial(_dataset, size, cost),
         forward_fn=planner_forward,
         checkpoint_target="TransformerBlock",
+        tp_plan=transformer_tp_plan("blocks"),
         preset=preset,
         description="end-to-end planner (camera tokens, ego state and route → transformer → waypoints + occupancy)",
         options={"sample_cost_ms": cost},

@@ -19,7 +19,7 @@ from torch import nn
 
 from workbench.workloads.base import Workload
 from workbench.workloads.catalog import register
-from workbench.workloads.layers import TransformerBlock, init_transformer_weights
+from workbench.workloads.layers import TransformerBlock, init_transformer_weights, transformer_tp_plan
 from workbench.workloads.synthetic import Sample, SyntheticDataset, check_sample_cost, choose_preset
 
 NAME = "driving-vlm"
@@ -69,7 +69,7 @@ PRESETS = {
         text_depth=3,
         text_heads=4,
         vocab=256,
-        objects=3,
+        objects=2,  # decoder sequence 64 image + 16 text tokens: divides by 2, 4, 8 (sequence parallelism)
         batch_size=16,
     ),
     "base": VlmSize(
@@ -213,6 +213,8 @@ def build_driving_vlm(preset: str = "tiny", sample_cost_ms: float = 0.0) -> Work
         dataset_fn=functools.partial(_dataset, size, cost),
         forward_fn=vlm_forward,
         checkpoint_target="TransformerBlock",
+        # The decoder is split; the ViT encoder (3 heads at tiny) stays whole on every rank.
+        tp_plan={**transformer_tp_plan("blocks"), "lm_head": "colwise_rep"},
         preset=preset,
         description="driving VLM (ViT encoder, projector, causal decoder; next-token loss on scene captions)",
         options={"sample_cost_ms": cost},

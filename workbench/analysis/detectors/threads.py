@@ -21,7 +21,7 @@ def find(ev: Evidence) -> list[Finding]:
     threads = resolved_intra_op_threads(ev.result.applied)
     if threads is None:
         return []
-    processes = ctx.config.nproc_per_node if ctx.config.strategy != "none" else 1  # ranks sharing this host
+    processes = ctx.config.nproc_per_node if ctx.config.launches_ranks else 1  # ranks sharing this host
     loaders = ctx.config.num_workers * processes  # PyTorch runs each loader worker on one thread
     demand = threads * processes + loaders
     if demand <= ctx.cpu_cores:
