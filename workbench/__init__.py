@@ -19,7 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from workbench import export, tune, ui
+    from workbench import export, report, tune, ui
     from workbench.analysis.diagnose import diagnose_trial as diagnose
     from workbench.api import run_comparison as compare
     from workbench.config import ConfigError, TrainConfig
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from workbench.tune import TuneResult
     from workbench.workloads import Workload, load_workload
 
-#: public name -> "module:attribute" it is defined in; a bare module (tune, export) is itself callable.
+#: public name -> "module:attribute" it is defined in; a bare module (tune, export, report) is itself callable.
 _PUBLIC = {
     "TrainConfig": "workbench.config:TrainConfig",
     "ConfigError": "workbench.config:ConfigError",
@@ -49,6 +49,7 @@ _PUBLIC = {
     "export": "workbench.export",
     "watch": "workbench.watch",
     "ui": "workbench.ui",
+    "report": "workbench.report",
 }
 
 __all__ = [
@@ -64,6 +65,7 @@ __all__ = [
     "estimate_memory",
     "export",
     "load_workload",
+    "report",
     "run_trial",
     "tune",
     "ui",

@@ -1,6 +1,6 @@
 """The notebook app and views: `Workbench()` in a JupyterLab cell, `Watch("job")` for a watched job
 live, and the analytical views over stored data (`history`, `pareto`, `op_diff`, `ranks`,
-`data_pipeline`: HoloViews objects a cell shows and the app's tabs hold).
+`data_pipeline`: HoloViews objects a cell shows, the app's tabs hold and `wb.report` writes).
 
 Only this package imports the UI libraries. Names resolve on first use, so drawing one view does
 not import the app's widgets (and the app does not import HoloViews until a view is drawn).
@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from workbench.ui.app import Workbench
     from workbench.ui.bokeh_view import load_bokehjs
+    from workbench.ui.report import write_report
     from workbench.ui.views.base import ViewError
     from workbench.ui.views.data_pipeline import data_pipeline
     from workbench.ui.views.history import history
@@ -33,6 +34,7 @@ _PUBLIC = {
     "ranks": "workbench.ui.views:ranks",
     "data_pipeline": "workbench.ui.views:data_pipeline",
     "ViewError": "workbench.ui.views:ViewError",
+    "write_report": "workbench.ui.report:write_report",
 }
 
 __all__ = [
@@ -45,6 +47,7 @@ __all__ = [
     "op_diff",
     "pareto",
     "ranks",
+    "write_report",
 ]
 
 

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import html
 import importlib
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+
+from workbench.store import Store, StoreError, default_store_path
 
 try:
     import holoviews
@@ -44,3 +49,20 @@ def not_measured(title: str, why: str) -> Any:
 def render(view: Any) -> Any:
     """The Bokeh model of a view (for the app's tabs and the report)."""
     return hv().render(view, backend="bokeh")
+
+
+@contextmanager
+def opened_store(store: Store | str | os.PathLike[str] | None) -> Iterator[Store]:
+    """`store` as given (left open), or the file at a path (or the default history), closed after."""
+    if isinstance(store, Store):
+        yield store
+        return
+    path = store if store is not None else default_store_path()
+    if path is None:
+        raise ViewError("the run history is off (WORKBENCH_STORE=off): pass store= the file to read")
+    try:
+        opened = Store(path, create=False)
+    except StoreError as exc:
+        raise ViewError(str(exc)) from None
+    with opened:
+        yield opened

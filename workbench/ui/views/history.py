@@ -13,9 +13,9 @@ from typing import Any
 
 from workbench.analysis.regress import RegressionReport
 from workbench.config import TrainConfig
-from workbench.store import Store, StoreError, default_store_path
+from workbench.store import Store, StoreError
 from workbench.store.series import SeriesPoint, config_series
-from workbench.ui.views.base import FLAG_COLOR, HEIGHT, WIDTH, ViewError, hv, not_measured
+from workbench.ui.views.base import FLAG_COLOR, HEIGHT, WIDTH, ViewError, hv, not_measured, opened_store
 
 VDIMS = ["median_ms", "config", "commit", "device", "q1_ms", "q3_ms", "trials"]
 """Plotted (the first) and shown on hover (all)."""
@@ -102,16 +102,11 @@ def flagged_trials(regressions: RegressionReport | Iterable[str] | None) -> set[
 def _read(store: Any, workload: str, configs: Any, environment: Any, preset: Any) -> dict[str, list[SeriesPoint]]:
     if not isinstance(workload, str) or not workload:
         raise ViewError(f"workload must be a workload name as stored, got {workload!r}")
-    if isinstance(store, Store):
-        return config_series(store, workload, configs, environment=environment, preset=preset)
-    path = store if store is not None else default_store_path()
-    if path is None:
-        raise ViewError("the run history is off (WORKBENCH_STORE=off): pass store= the file to read")
-    try:
-        with Store(path, create=False) as opened:
-            return config_series(opened, workload, configs, environment=environment, preset=preset)
-    except StoreError as exc:
-        raise ViewError(str(exc)) from None
+    with opened_store(store) as db:
+        try:
+            return config_series(db, workload, configs, environment=environment, preset=preset)
+        except StoreError as exc:
+            raise ViewError(str(exc)) from None
 
 
 def _bars(rows: list[dict[str, Any]]) -> list[tuple[float, float, float, float]]:
