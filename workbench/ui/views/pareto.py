@@ -56,7 +56,7 @@ def pareto(result: TuneResult | dict[str, Any]) -> Any:
     if winner is not None:
         marker = h.Scatter([winner], "cost_ms", VDIMS, label="verified winner")
         layers.append(marker.opts(color=WINNER_COLOR, marker="star", size=20, tools=["hover"]))
-    unit = (data.get("objective") or {}).get("unit", "ms/step")
+    unit = (data.get("objective") or {}).get("unit", "ms per step or per sample")
     return h.Overlay(layers).opts(
         title=f"{data.get('workload', '')}: tuned configurations (objective vs peak memory)",
         width=WIDTH,
