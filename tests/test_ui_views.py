@@ -90,9 +90,8 @@ def test_pareto_draws_the_tuners_front_and_marks_its_verified_winner() -> None:
     front = _elements(view, "Curve", "Pareto front")
     assert {p["trial"] for p in front} == front_numbers and front_numbers
     assert [p["cost_ms"] for p in front] == sorted(p["cost_ms"] for p in front)
-    plotted = [
-        p for verdict in ("ok", "mismatch", "not checked") for p in _elements(view, "Scatter", f"numerics {verdict}")
-    ]
+    plotted = [p for el in view if el.label.startswith("numerics ") for p in el.dframe().to_dict("records")]
+    assert {el.label for el in view if el.label.startswith("numerics ")} == {"numerics ok"}  # no empty entries
     measured = [t for t in data["trials"] if t["cost_ms"] is not None and t["peak_memory_bytes"] is not None]
     assert sorted(p["trial"] for p in plotted) == sorted(t["number"] for t in measured)
     best = data["best"]

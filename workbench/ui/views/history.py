@@ -60,6 +60,7 @@ def history(
         xticks=ticks,
         xrotation=35,
         legend_position="top_left",
+        padding=0.1,
     )
 
 

@@ -45,6 +45,7 @@ def pareto(result: TuneResult | dict[str, Any]) -> Any:
             color=color, size=9, tools=["hover"]
         )
         for verdict, color in NUMERICS_COLORS.items()
+        if any(r["numerics"] == verdict for r in rows)  # no empty legend entries
     ]
     front = sorted((r for r in rows if r["on_front"]), key=lambda r: r["cost_ms"])
     layers.insert(0, h.Curve(front, "cost_ms", VDIMS, label="Pareto front").opts(color=FRONT_COLOR, line_width=2))
@@ -64,6 +65,7 @@ def pareto(result: TuneResult | dict[str, Any]) -> Any:
         xlabel=f"objective, {unit} (compile amortized; lower is better)",
         ylabel="peak memory MiB",
         legend_position="top_right",
+        padding=0.1,  # the best points sit on the axes' ends: keep them inside the frame
     )
 
 
