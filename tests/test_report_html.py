@@ -88,5 +88,11 @@ def test_workbench_report_reads_a_stored_run_and_refuses_an_empty_or_unknown_req
     assert "say what to report" in capsys.readouterr().err
     assert main(["report", "-o", str(tmp_path / "x.html"), "--store", store, "--run", "99"]) == 2
     assert "no stored trials in run 99" in capsys.readouterr().err
+    tuned = tmp_path / "tuned.html"
+    assert main(["report", "-o", str(tuned), "--store", store, "--tune", str(TUNE_FIXTURE)]) == 0
+    assert "verified winner" in plotted_values(tuned.read_text())
+    (tmp_path / "bad.json").write_text("{")
+    assert main(["report", "-o", str(tuned), "--tune", str(tmp_path / "bad.json")]) == 2
+    assert "is not the JSON of `workbench tune --json`" in capsys.readouterr().err
     with pytest.raises(wb.ui.ViewError, match="needs something to show"):
         wb.report(tmp_path / "nothing.html")

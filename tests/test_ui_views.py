@@ -70,7 +70,8 @@ def test_history_plots_each_configs_commits_in_order_and_marks_the_flagged_regre
     assert [(p["config"], p["commit"]) for p in flagged] == [("defaults", COMMIT_C)]
     by_ids = wb.ui.history(store, "bev-perception", regressions=regressed_ids[:1])
     assert [p["x"] for p in _elements(by_ids, "Scatter", "regression")] == [2]
-    assert render(view) is not None
+    hovers = [tool for tool in render(view).tools if type(tool).__name__ == "HoverTool"]
+    assert any(("commit", "@{commit}") in tool.tooltips and ("device", "@{device}") in tool.tooltips for tool in hovers)
 
 
 def test_history_of_an_unknown_workload_says_not_measured_and_bad_input_is_a_clear_error(tmp_path: Path) -> None:

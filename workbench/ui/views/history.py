@@ -18,7 +18,15 @@ from workbench.store.series import SeriesPoint, config_series
 from workbench.ui.views.base import FLAG_COLOR, HEIGHT, WIDTH, ViewError, hv, not_measured, opened_store
 
 VDIMS = ["median_ms", "config", "commit", "device", "q1_ms", "q3_ms", "trials"]
-"""Plotted (the first) and shown on hover (all)."""
+"""Plotted (the first) and carried to the hover."""
+TOOLTIPS = [
+    ("commit", "@commit"),
+    ("device", "@device"),
+    ("config", "@config"),
+    ("median ms", "@median_ms{0.0}"),
+    ("quartiles ms", "@q1_ms{0.0} – @q3_ms{0.0}"),
+    ("trials", "@trials"),
+]
 
 
 def history(
@@ -44,11 +52,12 @@ def history(
         data = [row for row in rows if row["config"] == label]
         layers.append(h.ErrorBars(_bars(data), ["x"], ["median_ms", "low", "high"], label=label).opts(color=color))
         layers.append(h.Curve(data, ["x"], VDIMS, label=label).opts(color=color))
-        layers.append(h.Scatter(data, ["x"], VDIMS, label=label).opts(color=color, size=7, tools=["hover"]))
+        scatter = h.Scatter(data, ["x"], VDIMS, label=label)
+        layers.append(scatter.opts(color=color, size=7, tools=["hover"], hover_tooltips=TOOLTIPS))
     marked = [row for row, point in _with_points(rows, series) if flagged & set(point.trial_ids)]
     layers.append(
         h.Scatter(marked, ["x"], VDIMS, label="regression").opts(
-            color=FLAG_COLOR, marker="x", size=16, line_width=3, tools=["hover"]
+            color=FLAG_COLOR, marker="x", size=16, line_width=3, tools=["hover"], hover_tooltips=TOOLTIPS
         )
     )
     return h.Overlay(layers).opts(
