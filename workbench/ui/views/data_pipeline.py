@@ -14,29 +14,18 @@ from workbench.measure.result import TrialResult
 from workbench.ui.views.base import HEIGHT, WIDTH, ViewError, hv, not_measured
 
 STAGE_VDIMS = ["mean_ms", "p90_ms", "per", "count"]
+NO_STAGES = "run the trial with data stages on to time each stage where the batch is prepared"
+NO_BOUND = "measure the loader bound (the step on batches already staged on the device)"
 
 
 def data_pipeline(source: TrialResult | dict[str, Any] | None = None, bound: Any = None) -> Any:
     """The loader stage breakdown of `source` (a trial run with data stages, or its `data_stages`
     summary) and the ideal-loader `bound` (a loader bound or its `to_dict()`); each one that is
     missing is a "not measured" panel saying how to measure it."""
-    summary = stage_summary(source)
-    panels = [
-        _stages(summary)
-        if summary
-        else not_measured(
-            "loader stages", "run the trial with data stages on to time each stage where the batch is prepared"
-        )
-    ]
-    figures = bound_figures(bound)
-    panels.append(
-        _bound(figures)
-        if figures
-        else not_measured(
-            "ideal-loader bound", "measure the loader bound (the step on batches already staged on the device)"
-        )
-    )
-    return hv().Layout(panels).cols(1)
+    summary, figures = stage_summary(source), bound_figures(bound)
+    stages = _stages(summary) if summary else not_measured("loader stages", NO_STAGES)
+    ideal = _bound(figures) if figures else not_measured("ideal-loader bound", NO_BOUND)
+    return hv().Layout([stages, ideal]).cols(1)
 
 
 def stage_summary(source: Any) -> dict[str, Any] | None:

@@ -13,14 +13,14 @@ from workbench.analysis.ranks import straggler_check
 from workbench.analysis.stragglers import StragglerCheck
 from workbench.measure.result import TrialResult
 from workbench.ui.views.base import HEIGHT, WIDTH, ViewError, hv, not_measured
+from workbench.watch.job import WatchedJob
 
-FIGURES = ("step", "compute", "communication wait", "data wait")
 FIGURE_COLORS = {"step": "#1f77b4", "compute": "#2ca02c", "communication wait": "#ff7f0e", "data wait": "#9467bd"}
 
 
-def ranks(source: TrialResult | StragglerCheck | Any) -> Any:
+def ranks(source: TrialResult | WatchedJob | StragglerCheck) -> Any:
     """Grouped bars per rank (median ms per step) from a distributed `TrialResult`, a watched job
-    (`wb.watch.job(...)`) or a `StragglerCheck`; the straggler's label says so, with its cause."""
+    (`wb.watch.watched_job(...)`) or a `StragglerCheck`; the straggler's label says so, with its cause."""
     check = rank_check(source)
     if check is None or not check.ranks:
         return not_measured("per-rank figures", "a distributed trial or a watched torchrun job has them")
@@ -49,9 +49,8 @@ def rank_check(source: Any) -> StragglerCheck | None:
         return source
     if isinstance(source, TrialResult):
         return straggler_check(source)
-    if hasattr(source, "check") and hasattr(source, "ranks"):  # a watched job
-        check = source.check
-        return check if isinstance(check, StragglerCheck) else None
+    if isinstance(source, WatchedJob):
+        return source.check
     raise ViewError(
         f"ranks() takes a distributed TrialResult, a watched job or a StragglerCheck, got {type(source).__name__}"
     )
