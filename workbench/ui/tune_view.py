@@ -138,9 +138,20 @@ class TuneView:
 
         spec = self.spec()
         try:
-            tune(spec["workload"], preset=spec["preset"], device=spec["device"], warmup=spec["warmup"],
-                 steps=spec["steps"], cancel=self._cancel, on_update=self.on_update, **options,
-                 **spec.get("trial_options", {}))  # fmt: skip
+            found = tune(
+                spec["workload"],
+                preset=spec["preset"],
+                device=spec["device"],
+                warmup=spec["warmup"],
+                steps=spec["steps"],
+                cancel=self._cancel,
+                on_update=self.on_update,
+                **options,
+                **spec.get("trial_options", {}),
+            )
+            # Drawn from the TuneResult itself, not its summary: a trial refused for its numerics or
+            # memory is placed by its measured cost, coloured by its verdict.
+            self.chart.show(pareto(found))
         except ConfigError as exc:
             self._say(str(exc), error=True)
         except Exception as exc:  # the view must survive anything the search raises, and say it
@@ -174,7 +185,6 @@ class TuneView:
         self._show_screening(self.rows)
 
     def _render_done(self, data: dict[str, Any]) -> None:
-        self.chart.show(pareto(data))
         best = data.get("best")
         if best is None:
             self.best.value = f"<b>no verified result</b>: {html.escape(data.get('stop_reason', ''))}"
