@@ -72,6 +72,7 @@ PARETO_JS = """() => (window.Bokeh ? Bokeh.documents : [])
     .map(d => d.get_model_by_name('pareto')).filter(m => m != null)
     .map(fig => fig.renderers.filter(r => (r.name || '').startsWith('numerics'))
         .reduce((n, r) => n + r.data_source.data.cost_ms.length, 0))"""
+WINNER_JS = """() => (window.Bokeh ? Bokeh.documents : []).some(d => d.get_model_by_name('verified winner'))"""
 
 
 @pytest.fixture(scope="module")
@@ -151,9 +152,11 @@ def test_trials_arrive_in_the_table_before_the_search_ends_then_the_winner(tab: 
     assert page.evaluate("() => window.__bestSoFarWhileRunning"), "no best-so-far line while the search ran"
     measured = tune.locator("table.workbench-tune-trials td:nth-child(4):text-is('ok')").count()
     assert measured > 0
-    # One point per measured trial in BokehJS's copy of the chart (redrawn as a new document when done).
+    _button(tune, "Tune", ":enabled").wait_for(timeout=60_000)  # the search has returned: its chart is drawn
+    assert _button(tune, "Cancel").is_disabled()
+    # One point per measured trial in BokehJS's copy of the final chart, the verified winner starred.
     page.wait_for_function(f"() => ({PARETO_JS})().some(n => n === {measured})", timeout=10_000)
-    assert _button(tune, "Tune").is_enabled() and _button(tune, "Cancel").is_disabled()
+    page.wait_for_function(WINNER_JS, timeout=10_000)
     tune.locator(".bk-Canvas, canvas").first.scroll_into_view_if_needed()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "tune.png"), full_page=False)
