@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from test_regress import repeated_history, write_suite  # noqa: F401  (the regression fixture: commit C is 30% slower)
-from test_store import COMMIT_C
+from test_store import COMMIT_C, fake_result
 from test_ui_views import TUNE_FIXTURE
 
 pytest.importorskip("holoviews")
@@ -40,8 +40,13 @@ def test_wb_report_writes_the_verdicts_and_the_views_into_one_standalone_file(
     repeated_history: Store,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    path = wb.report(tmp_path / "report.html", store=repeated_history, workload="bev-perception",
-                     tune=json.loads(TUNE_FIXTURE.read_text()), title="PR 123")  # fmt: skip
+    path = wb.report(
+        tmp_path / "report.html",
+        store=repeated_history,
+        workload="bev-perception",
+        tune=json.loads(TUNE_FIXTURE.read_text()),
+        title="PR 123",
+    )
     html = path.read_text()
     assert_standalone(html)
     data = plotted_values(html)
@@ -56,8 +61,10 @@ def test_regress_report_is_written_when_the_gate_fails_with_the_regression_marke
 ) -> None:
     out = tmp_path / "report.html"
     suite = write_suite(tmp_path)
-    assert main(["regress", "--suite", suite, "--from-store", "--store", str(repeated_history.path),
-                 "--report", str(out)]) == 1  # fmt: skip
+    assert (
+        main(["regress", "--suite", suite, "--from-store", "--store", str(repeated_history.path), "--report", str(out)])
+        == 1
+    )
     assert "report written" in capsys.readouterr().err
     html = out.read_text()
     assert_standalone(html)
@@ -67,8 +74,23 @@ def test_regress_report_is_written_when_the_gate_fails_with_the_regression_marke
     assert flagged is not None and COMMIT_C in flagged.group(0), "the regressed commit is the marked point"
 
     passing = tmp_path / "passing.html"
-    assert main(["regress", "--suite", suite, "--from-store", "--store", str(repeated_history.path),
-                 "--threshold", "0.5", "--report", str(passing)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "regress",
+                "--suite",
+                suite,
+                "--from-store",
+                "--store",
+                str(repeated_history.path),
+                "--threshold",
+                "0.5",
+                "--report",
+                str(passing),
+            ]
+        )
+        == 0
+    )
     assert not passing.exists(), "a gate that passes writes no report"
 
 
@@ -96,3 +118,34 @@ def test_workbench_report_reads_a_stored_run_and_refuses_an_empty_or_unknown_req
     assert "is not the JSON of `workbench tune --json`" in capsys.readouterr().err
     with pytest.raises(wb.ui.ViewError, match="needs something to show"):
         wb.report(tmp_path / "nothing.html")
+
+
+def test_the_report_holds_a_comparisons_table_an_op_diff_ranks_and_the_data_pipeline(tmp_path: Path) -> None:
+    import random
+
+    from test_stragglers import simulate
+    from test_trace_diff import _op, _trial
+
+    from workbench.analysis.compare import compare_trials
+    from workbench.analysis.stragglers import check_stragglers
+    from workbench.analysis.trace_diff import diff_trials
+    from workbench.config import TrainConfig
+    from workbench.protocol import ComparisonRun
+    from workbench.report import comparison_table
+
+    baseline = [fake_result([100.0 + i, 101.0 + i, 99.0 + i]) for i in range(4)]
+    faster = [fake_result([60.0 + i, 61.0 + i, 59.0 + i], config=TrainConfig(channels_last=True)) for i in range(4)]
+    run = ComparisonRun(compare_trials(baseline, [faster]), baseline, [faster])
+    eager = _trial("a", [10.0] * 5, [_op("aten::mm", 4.0, 3), _op("aten::relu", 2.0)])
+    fused = _trial("b", [7.0] * 5, [_op("aten::mm", 4.0, 3), _op("cpp_fused_relu_0", 0.4)])
+    check = check_stragglers(simulate(4, 40, random.Random(1), slow=2, phase="data", delay_ms=12.0))
+    diff = diff_trials(eager, fused)
+    path = wb.report(tmp_path / "all.html", comparison=run, op_diff_of=diff, ranks_of=check, data_of=fake_result())
+    html = path.read_text()
+    assert_standalone(html)
+    data = plotted_values(html)
+    (row,) = [line for line in comparison_table(run).splitlines() if line.startswith("channels_last=True")]
+    assert "faster" in row and " 1.6" in row  # ~100 ms / ~60 ms, as the terminal prints it
+    assert row.split("  ")[0] in data and "faster" in data
+    assert "aten::relu" in data and "cpp_fused_relu_0" in data
+    assert "rank 2 (straggler)" in data and "not measured" in data

@@ -115,8 +115,9 @@ def test_pareto_colours_a_numerics_mismatch_apart() -> None:
 def test_op_diff_ranks_the_ops_by_their_part_of_the_change_and_shows_fused_kernels() -> None:
     eager = _trial("a", [10.0] * 5, [_op("aten::mm", 4.0, 3), _op("aten::relu", 2.0), _op("aten::add", 0.5)])
     compiled = _trial("b", [7.0] * 5, [_op("aten::mm", 4.0, 3), _op("cpp_fused_relu_add_0", 0.4)])
-    compiled.profile["compiled"] = {"fused": [{"name": "cpp_fused_relu_add_0", "kind": "cpp", "ops": ["relu", "add"],
-                                               "us": 400.0, "calls": 1}]}  # fmt: skip
+    compiled.profile["compiled"] = {
+        "fused": [{"name": "cpp_fused_relu_add_0", "kind": "cpp", "ops": ["relu", "add"], "us": 400.0, "calls": 1}]
+    }
     view = wb.ui.op_diff(eager, compiled)
     bars = next(iter(view)).dframe().to_dict("records")[::-1]  # drawn bottom-up: the largest contribution last
     assert [b["name"] for b in bars] == [r.name for r in diff_trials(eager, compiled).rows]
@@ -145,12 +146,19 @@ def test_ranks_plots_each_ranks_figures_and_names_the_straggler() -> None:
 
 def test_data_pipeline_plots_measured_stages_and_the_bound_and_says_not_measured_otherwise() -> None:
     summary = {
-        "stages": {"decode": {"mean_ms": 6.1, "p90_ms": 6.4, "count": 40, "per": "sample"},
-                   "collate": {"mean_ms": 0.8, "p90_ms": 0.9, "count": 10, "per": "batch"}},
+        "stages": {
+            "decode": {"mean_ms": 6.1, "p90_ms": 6.4, "count": 40, "per": "sample"},
+            "collate": {"mean_ms": 0.8, "p90_ms": 0.9, "count": 10, "per": "batch"},
+        },
         "not_measured": {"copy to device": "a CPU trial copies no batch to a device"},
-    }  # fmt: skip
-    bound = {"loader_step_ms": 100.0, "ideal_step_ms": 62.0, "data_share": 0.38, "verdict": "faster",
-             "sentence": "the data pipeline costs 38% of the step"}  # fmt: skip
+    }
+    bound = {
+        "loader_step_ms": 100.0,
+        "ideal_step_ms": 62.0,
+        "data_share": 0.38,
+        "verdict": "faster",
+        "sentence": "the data pipeline costs 38% of the step",
+    }
     view = wb.ui.data_pipeline(summary, bound)
     stages = next(iter(view)).dframe().to_dict("records")
     assert [(s["stage"], s["mean_ms"]) for s in stages] == [("decode", 6.1), ("collate", 0.8)]
