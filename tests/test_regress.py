@@ -323,11 +323,14 @@ def test_history_view_lists_plots_and_hands_over_a_baseline_and_a_config(history
     view = HistoryView(history, on_pick_baseline=picked.append, on_open_config=opened.append)
     assert [row.id for row in view.rows] == [5, 4, 3, 2, 1] and len(view.runs.options) == 5
     assert view.baseline_button.disabled
-    view.select(4)  # commit C's plain trial
-    assert [p.commit for p in view.series] == [COMMIT_A, COMMIT_B, COMMIT_C]
-    assert view.source.data["median"] == pytest.approx([np.median(steps(100)), np.median(steps(100, seed=1)),
-                                                        np.median(steps(130, seed=3))])  # fmt: skip
-    assert view.chart.xaxis[0].major_label_overrides == {0: "aaaaaaaaaa", 1: "bbbbbbbbbb", 2: "cccccccccc"}
+    view.select(4)  # commit C's plain trial: its configuration's step time per commit (wb.ui.history)
+    (points,) = [el.dframe() for el in view.chart.view if type(el).__name__ == "Scatter" and el.label == "defaults"]
+    assert points["commit"].tolist() == [COMMIT_A, COMMIT_B, COMMIT_C]
+    expected = [np.median(steps(100)), np.median(steps(100, seed=1)), np.median(steps(130, seed=3))]
+    assert points["median_ms"].tolist() == pytest.approx(expected)
+    assert view.chart.model.name == "history_series"
+    ticks = view.chart.model.xaxis[0].major_label_overrides
+    assert list(ticks.values()) == ["aaaaaaaaaa", "bbbbbbbbbb", "cccccccccc"]
     view.baseline_button.click()
     view.config_button.click()
     assert [r.trial_id for r in picked] == [history.get(4).result.trial_id]

@@ -53,7 +53,9 @@ def test_tune_tab_shows_trials_arriving_then_the_verified_winner_and_its_export(
     assert seen == list(range(1, len(seen) + 1)) and len(seen) >= 3, "each finished trial adds a row as it ends"
     assert view.result is not None and view.result["best"]["config"]["batch_size"] == 8
     assert "Winner" in view.best.value and "[" in view.best.value  # the interval is shown
-    assert len(view.pareto.data["cost"]) >= 1 and "#d62728" in view.pareto.data["color"]
+    front = next(el for el in view.chart.view if el.label == "Pareto front").dframe()
+    (winner,) = [el for el in view.chart.view if el.label == "verified winner"]
+    assert len(front) >= 1 and winner.dframe()["config"].tolist() == ["batch_size: default → 8"]
     assert "torch" in view.export.snippet.value
     assert view.start_button.disabled is False and view.cancel_button.disabled is True
 

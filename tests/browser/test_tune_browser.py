@@ -5,7 +5,7 @@ batch 8 beats batch 4 by construction), its trials in the kernel's own process s
 seconds. The test opens the Tune tab, narrows the space to the batch size, sets a short budget and
 clicks Tune; a MutationObserver in the page records the trials table's row count at every change,
 so rows are seen arriving one by one *before* the status says the search is done. Then the winner
-line with its interval, the Pareto chart's points in BokehJS, and a second search cancelled with
+line with its interval, the Pareto chart's points in BokehJS (`wb.ui.pareto`), and a second search cancelled with
 the buttons back to idle. Screenshot: artifacts/browser/tune.png. Skips with the reason when
 /usr/bin/chromium or the playwright package is missing; it never downloads a browser.
 """
@@ -66,9 +66,13 @@ OBSERVE_JS = """(tab) => {
     new MutationObserver(note).observe(tab, {subtree: true, childList: true, characterData: true});
 }"""
 
-# The Pareto chart's ColumnDataSource in every Bokeh document of the page: its number of points.
+# The Pareto chart (wb.ui.pareto, its figure named 'pareto') in every Bokeh document of the page: its
+# points, summed over the renderers of each numerics verdict.
 PARETO_JS = """() => (window.Bokeh ? Bokeh.documents : [])
-    .map(d => d.get_model_by_name('pareto')).filter(m => m != null).map(m => m.data.cost.length)"""
+    .map(d => d.get_model_by_name('pareto')).filter(m => m != null)
+    .map(fig => fig.renderers.filter(r => (r.name || '').startsWith('numerics'))
+        .reduce((n, r) => n + r.data_source.data.cost_ms.length, 0))"""
+WINNER_JS = """() => (window.Bokeh ? Bokeh.documents : []).some(d => d.get_model_by_name('verified winner'))"""
 
 
 @pytest.fixture(scope="module")
@@ -148,9 +152,11 @@ def test_trials_arrive_in_the_table_before_the_search_ends_then_the_winner(tab: 
     assert page.evaluate("() => window.__bestSoFarWhileRunning"), "no best-so-far line while the search ran"
     measured = tune.locator("table.workbench-tune-trials td:nth-child(4):text-is('ok')").count()
     assert measured > 0
-    # One point per measured trial in BokehJS's copy of the source (its updates travel on their own comm).
+    _button(tune, "Tune", ":enabled").wait_for(timeout=60_000)  # the search has returned: its chart is drawn
+    assert _button(tune, "Cancel").is_disabled()
+    # One point per measured trial in BokehJS's copy of the final chart, the verified winner starred.
     page.wait_for_function(f"() => ({PARETO_JS})().some(n => n === {measured})", timeout=10_000)
-    assert _button(tune, "Tune").is_enabled() and _button(tune, "Cancel").is_disabled()
+    page.wait_for_function(WINNER_JS, timeout=10_000)
     tune.locator(".bk-Canvas, canvas").first.scroll_into_view_if_needed()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "tune.png"), full_page=False)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from workbench.cli import diagnose, diff, history, info, regress, trials, tune
+from workbench.cli import diagnose, diff, history, info, regress, report, trials, tune
 from workbench.cli.options import EXIT_USAGE
 
-_FAMILIES = (trials, info, diagnose, tune, diff, history, regress)
+_FAMILIES = (trials, info, diagnose, tune, diff, history, regress, report)
 _VERBOSE_HELP = "show the full traceback of an error in your code (default: your file:line and the message)"
 
 

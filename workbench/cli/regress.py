@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from workbench.cli.options import (
@@ -37,6 +38,13 @@ def add_commands(sub: Any) -> None:
     regress.add_argument("--timeout", type=float, default=None, metavar="S", help="as for `run`")
     add_store_arg(regress, saving=True)
     add_output_args(regress)
+    regress.add_argument(
+        "--report",
+        default=None,
+        metavar="REPORT.html",
+        help="when the gate fails, also write a standalone HTML report: the table, the verdicts "
+        "and the step time per commit with the regression marked (a CI artifact)",
+    )
     regress.set_defaults(handler=_cmd_regress, runs_trials=True)
 
 
@@ -79,7 +87,27 @@ def _cmd_regress(args: argparse.Namespace) -> int:
     report = check_regressions(suite, current, baselines, against=reference.describe(), threshold=args.threshold,
                                confidence=args.confidence)  # fmt: skip
     print(json.dumps(report.to_dict(), indent=2) if args.json else format_report(report))
+    _failure_report(args, report, store=path, workload=suite.workload)
     return report.exit_code
+
+
+def _failure_report(args: argparse.Namespace, report: Any, store: Any = None, workload: str | None = None) -> None:
+    """`--report`: the HTML report of a failed gate (nothing is written when it passes)."""
+    if args.report is None or not report.regressed:
+        return
+    from workbench.report import write_html_report
+
+    try:
+        path = write_html_report(
+            args.report,
+            regression=report,
+            store=store,
+            workload=workload if store else None,
+            title=f"Regression check '{report.suite}' against {report.against}: FAILED",
+        )
+    except ValueError as exc:  # the report's own errors (ViewError) say what was wrong with the request
+        raise UsageError(f"--report: {exc}") from None
+    print(f"report written: {path}", file=sys.stderr)
 
 
 def _regress_watched(args: argparse.Namespace) -> int:
@@ -98,6 +126,7 @@ def _regress_watched(args: argparse.Namespace) -> int:
     except WatchReferenceError as exc:
         raise UsageError(str(exc)) from None
     print(json.dumps(report.to_dict(), indent=2) if args.json else format_report(report))
+    _failure_report(args, report)
     return report.exit_code
 
 

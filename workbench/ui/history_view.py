@@ -1,10 +1,10 @@
 """The History tab: stored trials, one picked as the baseline, its configuration's step time across commits.
 
-A thin view over `workbench.store`: the list is `Store.history`, the chart is
-`step_time_series` (medians and quartiles computed there, not here), and the two
-actions hand a stored result or its config to the app through callbacks, so this
-widget knows nothing of the control panel or the comparison. The chart is a `BokehView`.
-A broken or missing history is a message in the tab, never an exception in the app.
+A thin view over `workbench.store`: the list is `Store.history`, the chart is `wb.ui.history`
+for the selected trial's configuration on comparable hardware (medians and quartiles computed by
+the store, not here), and the two actions hand a stored result or its config to the app through
+callbacks, so this widget knows nothing of the control panel or the comparison. A broken or
+missing history is a message in the tab, never an exception in the app.
 """
 
 from __future__ import annotations
@@ -16,19 +16,15 @@ from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as widgets
-from bokeh.models import ColumnDataSource, FixedTicker, HoverTool
-from bokeh.plotting import figure
 
 from workbench.config import ConfigError, TrainConfig
 from workbench.measure.result import TrialResult
 from workbench.store import HistoryRow, Store, StoredTrial, StoreError, default_store_path
-from workbench.store.series import SeriesPoint, step_time_series
-from workbench.ui.bokeh_view import BokehView
-
-_SERIES_COLUMNS = ("x", "commit", "median", "q1", "q3", "trials", "first")
+from workbench.ui.view_pane import ViewPane
+from workbench.ui.views import ViewError, history
 
 
-class HistoryView(BokehView):
+class HistoryView:
     """`HistoryView(store).widget` is the tab; `on_pick_baseline(result)` / `on_open_config(config)` are the exits.
 
     `store`: a Store (left open), a path, or None for the default history file. The
@@ -48,7 +44,6 @@ class HistoryView(BokehView):
         self.on_open_config = on_open_config
         self.limit = limit
         self.rows: list[HistoryRow] = []
-        self.series: list[SeriesPoint] = []
         self.selected: StoredTrial | None = None
         self._owned = not isinstance(store, Store)
         self.store, problem = _open(store)
@@ -60,15 +55,14 @@ class HistoryView(BokehView):
         self.config_button = widgets.Button(description="Open config", disabled=True)
         self.details = widgets.HTML()
         self.message = widgets.HTML()
-        self.source = ColumnDataSource({name: [] for name in _SERIES_COLUMNS}, name="history_series")
-        self.chart = self._chart()
+        self.chart = ViewPane("history_series")
         self.widget = widgets.VBox(
             [
                 widgets.HBox([self.workload, self.refresh_button]),
                 self.runs,
                 widgets.HBox([self.baseline_button, self.config_button]),
                 self.details,
-                self.bokeh_model(self.chart),
+                self.chart.widget,
                 self.message,
             ]
         )
@@ -138,47 +132,22 @@ class HistoryView(BokehView):
 
     def _on_select(self, change: dict[str, Any]) -> None:
         row_id = change["new"]
-        self.selected, self.series = None, []
+        self.selected = None
+        self.chart.clear()
         if row_id is not None and self.store is not None:
             try:
                 self.selected = self.store.get(int(row_id))
                 result = self.selected.result
-                self.series = step_time_series(self.store, result.workload, result.config,
-                                               environment=result.environment, preset=result.preset)  # fmt: skip
-            except StoreError as exc:
+                view = history(
+                    self.store, result.workload, [result.config], environment=result.environment, preset=result.preset
+                )
+                self.chart.show(view)
+            except (StoreError, ViewError) as exc:
                 self._say(str(exc), error=True)
         ok = self.selected is not None and self.selected.result.ok
         self.baseline_button.disabled = not ok
         self.config_button.disabled = self.selected is None
         self.details.value = _details(self.selected) if self.selected is not None else ""
-        self.resend()
-
-    def resend(self) -> None:
-        points = self.series
-        self.source.data = {
-            "x": list(range(len(points))),
-            "commit": [p.label for p in points],
-            "median": [p.median_step_ms for p in points],
-            "q1": [p.q1_step_ms for p in points],
-            "q3": [p.q3_step_ms for p in points],
-            "trials": [p.trials for p in points],
-            "first": [time.strftime("%Y-%m-%d %H:%M", time.localtime(p.first_started_at)) for p in points],
-        }
-        self.chart.xaxis.ticker = FixedTicker(ticks=list(range(len(points))))
-        self.chart.xaxis.major_label_overrides = {i: p.label for i, p in enumerate(points)}
-
-    def _chart(self) -> Any:
-        fig = figure(title="Median step time across commits (this configuration, this hardware)", height=260,
-                     sizing_mode="stretch_width", x_axis_label="commit (first measured → last)", y_axis_label="ms",
-                     tools="pan,box_zoom,wheel_zoom,reset,save", name="history_series")  # fmt: skip
-        fig.segment(x0="x", y0="q1", x1="x", y1="q3", line_width=6, alpha=0.3, source=self.source)
-        fig.line(x="x", y="median", line_width=2, source=self.source)
-        dots = fig.scatter(x="x", y="median", size=8, source=self.source)
-        fig.add_tools(HoverTool(renderers=[dots], tooltips=[("commit", "@commit"), ("median ms", "@median{0.0}"),
-                                                            ("IQR", "@q1{0.0} – @q3{0.0}"), ("trials", "@trials"),
-                                                            ("first measured", "@first")]))  # fmt: skip
-        fig.xaxis.major_label_orientation = 0.6
-        return fig
 
     def _say(self, text: str, error: bool = False) -> None:
         color = "#b00020" if error else "#555"

@@ -1,8 +1,9 @@
 """The app's Tune tab: narrow the space, start a search, watch trials arrive, cancel, export the winner.
 
 Thin over `workbench.tune.tune`: the search runs on one background thread and its
-`on_update` stream is the only writer of this view (the trials table, the best so far, the
-Pareto chart of cost against peak memory, a `BokehView`).
+`on_update` stream is the only writer of this view (the trials table, the best so far, and
+`wb.ui.pareto` of cost against peak memory: the screening front while it runs, the verified
+winner once it is done).
 """
 
 from __future__ import annotations
@@ -13,20 +14,18 @@ from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as widgets
-from bokeh.models import ColumnDataSource, HoverTool
-from bokeh.plotting import figure
 
 from workbench.config import ConfigError, TrainConfig
 from workbench.textfmt import format_bytes, parse_bytes
-from workbench.ui.bokeh_view import BokehView
 from workbench.ui.exporter import ExportPanel
+from workbench.ui.view_pane import ViewPane
+from workbench.ui.views import pareto
 
 MAX_ROWS = 40
 """Trials the table shows (newest last); the JSON and the store keep every one."""
-FRONT_COLOR, OTHER_COLOR = "#d62728", "#7f7f7f"
 
 
-class TuneView(BokehView):
+class TuneView:
     """`spec()` returns the run's workload, preset, device and window (the app's current choices)."""
 
     def __init__(self, spec: Callable[[], dict[str, Any]], insert_cell: Callable[[str], str]) -> None:
@@ -48,9 +47,8 @@ class TuneView(BokehView):
         self.best = widgets.HTML("")
         self.trials = widgets.HTML("")
         self.export = ExportPanel(insert_cell)
-        self.pareto = ColumnDataSource({"cost": [], "peak_mib": [], "label": [], "color": []}, name="pareto")
-        self._last_pareto: dict[str, list[Any]] = {}
-        self.chart = self.bokeh_model(self._pareto_figure())
+        self.chart = ViewPane("pareto")
+        self._shown: list[dict[str, Any]] = []
         self.rows: list[dict[str, Any]] = []
         self.result: Any = None
         self._cancel = threading.Event()
@@ -63,7 +61,7 @@ class TuneView(BokehView):
             self.fields,
             widgets.HBox([self.budget, self.max_memory, self.objective, self.planned_steps]),
             widgets.HBox([self.start_button, self.cancel_button]),
-            self.status, self.best, self.chart, self.trials,
+            self.status, self.best, self.chart.widget, self.trials,
             widgets.Accordion(children=[self.export.widget], titles=("Export the tuned winner",)),
         ])  # fmt: skip
 
@@ -114,7 +112,8 @@ class TuneView(BokehView):
             return False
         self.rows, self.result = [], None
         self._cancel = threading.Event()
-        self._set_pareto([])
+        self._shown = []
+        self.chart.clear()
         self.trials.value = self.best.value = ""
         options = dict(budget_s=float(self.budget.value), space=space, objective=self.objective.value,
                        planned_steps=int(self.planned_steps.value), max_memory_bytes=max_memory)  # fmt: skip
@@ -139,9 +138,20 @@ class TuneView(BokehView):
 
         spec = self.spec()
         try:
-            tune(spec["workload"], preset=spec["preset"], device=spec["device"], warmup=spec["warmup"],
-                 steps=spec["steps"], cancel=self._cancel, on_update=self.on_update, **options,
-                 **spec.get("trial_options", {}))  # fmt: skip
+            found = tune(
+                spec["workload"],
+                preset=spec["preset"],
+                device=spec["device"],
+                warmup=spec["warmup"],
+                steps=spec["steps"],
+                cancel=self._cancel,
+                on_update=self.on_update,
+                **options,
+                **spec.get("trial_options", {}),
+            )
+            # Drawn from the TuneResult itself, not its summary: a trial refused for its numerics or
+            # memory is placed by its measured cost, coloured by its verdict.
+            self.chart.show(pareto(found))
         except ConfigError as exc:
             self._say(str(exc), error=True)
         except Exception as exc:  # the view must survive anything the search raises, and say it
@@ -172,7 +182,7 @@ class TuneView(BokehView):
             self.best.value = (f"best so far by screening (one process each, no interval yet): trial {best['number']} "
                                f"{html.escape(_params(best['params']))} at {best['cost_ms']:.3g} ms")  # fmt: skip
         self.trials.value = render_trials(self.rows[-MAX_ROWS:])
-        self._set_pareto(self.rows)
+        self._show_screening(self.rows)
 
     def _render_done(self, data: dict[str, Any]) -> None:
         best = data.get("best")
@@ -194,31 +204,17 @@ class TuneView(BokehView):
 
     # --- the Pareto chart -----------------------------------------------------------------
 
-    def _pareto_figure(self) -> Any:
-        fig = figure(title="Cost vs peak memory (the Pareto front in red)", height=260, sizing_mode="stretch_width",
-                     x_axis_label="objective (ms per sample or per step)", y_axis_label="peak MiB",
-                     tools="pan,box_zoom,reset,save", name="pareto_chart")  # fmt: skip
-        dots = fig.scatter(x="cost", y="peak_mib", color="color", size=8, source=self.pareto)
-        fig.add_tools(HoverTool(renderers=[dots], tooltips=[("trial", "@label"), ("cost", "@cost{0.000}")]))
-        return fig
-
-    def _set_pareto(self, rows: list[dict[str, Any]]) -> None:
+    def _show_screening(self, rows: list[dict[str, Any]]) -> None:
+        """The trials so far with the screening front (by the tuner's own `pareto_front`), redrawn
+        only when a trial with a cost and a peak arrived."""
         from workbench.tune import pareto_front
 
         points = [r for r in rows if r["cost_ms"] is not None and r["peak_memory_bytes"] is not None]
-        front = set(pareto_front([(r["cost_ms"], r["peak_memory_bytes"]) for r in points]))
-        data = {
-            "cost": [r["cost_ms"] for r in points],
-            "peak_mib": [r["peak_memory_bytes"] / 2**20 for r in points],
-            "label": [f"#{r['number']} {_params(r['params'])}" for r in points],
-            "color": [FRONT_COLOR if i in front else OTHER_COLOR for i in range(len(points))],
-        }
-        if data != self._last_pareto:
-            self._last_pareto = data
-            self.pareto.data = data
-
-    def resend(self) -> None:
-        self.pareto.data = {k: list(v) for k, v in self._last_pareto.items()} or self.pareto.data
+        if points == self._shown:
+            return
+        self._shown = list(points)
+        front = pareto_front([(r["cost_ms"], r["peak_memory_bytes"]) for r in points])
+        self.chart.show(pareto({"trials": points, "pareto": [points[i] for i in front]}))
 
     def _say(self, text: str, error: bool = False) -> None:
         style = "color:#b00020" if error else "color:#333"
