@@ -21,7 +21,7 @@ from pathlib import Path
 
 from workbench.api import run_comparison, run_trials
 from workbench.config import TrainConfig
-from workbench.report import protocol_notes
+from workbench.terminal import protocol_notes
 
 CANDIDATES = ["amp=bf16", "amp=bf16,channels_last=true", "amp=bf16,channels_last=true,compile=default",
               "activation_checkpointing=full"]  # fmt: skip

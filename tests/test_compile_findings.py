@@ -22,7 +22,7 @@ from workbench.config import TrainConfig
 from workbench.measure.profile import ProfileOptions
 from workbench.measure.result import TrialResult
 from workbench.protocol.compare import ComparisonRun
-from workbench.report import comparison_table
+from workbench.terminal import comparison_table
 from workbench.trials import run_trial
 
 PROFILE = ProfileOptions(scan_syncs=False, memory_timeline=False)

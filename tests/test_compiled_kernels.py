@@ -19,7 +19,7 @@ from workbench.config import TrainConfig
 from workbench.measure.compiled_kernels import generated_kernel, kernel_ranges, split_ops
 from workbench.measure.profile import ProfileOptions
 from workbench.measure.result import TrialResult
-from workbench.report import run_summary
+from workbench.terminal import run_summary
 from workbench.trials import run_trial
 from workbench.ui.timeline_view import diff_html
 

@@ -34,7 +34,7 @@ from workbench.config import TrainConfig
 from workbench.measure import TrialResult
 from workbench.protocol.compare import ComparisonRun
 from workbench.protocol.rounds import mean_load, mirrored_order
-from workbench.report import comparison_table, verdict_text
+from workbench.terminal import comparison_table, verdict_text
 
 ROUNDS = 20
 SIMULATIONS = 300

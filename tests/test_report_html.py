@@ -131,7 +131,7 @@ def test_the_report_holds_a_comparisons_table_an_op_diff_ranks_and_the_data_pipe
     from workbench.analysis.trace_diff import diff_trials
     from workbench.config import TrainConfig
     from workbench.protocol import ComparisonRun
-    from workbench.report import comparison_table
+    from workbench.terminal import comparison_table
 
     baseline = [fake_result([100.0 + i, 101.0 + i, 99.0 + i]) for i in range(4)]
     faster = [fake_result([60.0 + i, 61.0 + i, 59.0 + i], config=TrainConfig(channels_last=True)) for i in range(4)]

@@ -291,7 +291,7 @@ def test_compare_sets_each_layouts_parameters_per_rank_and_collectives_beside_th
     from types import SimpleNamespace
 
     from workbench.analysis.layout_cost import layout_cost
-    from workbench.report import add_layout_columns
+    from workbench.terminal import add_layout_columns
 
     fsdp = SimpleNamespace(
         distributed={

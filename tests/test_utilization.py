@@ -177,7 +177,7 @@ def test_the_figures_survive_json_and_the_store(nap: TrialResult, tmp_path: Any)
 
 
 def test_the_run_summary_prints_the_window_utilization(nap: TrialResult) -> None:
-    from workbench.report import run_summary
+    from workbench.terminal import run_summary
 
     text = run_summary(nap)
     cpu = nap.utilization["cpu"] if nap.utilization else {}
@@ -228,7 +228,7 @@ def test_the_comparison_carries_utilization_and_energy_deltas() -> None:
 
 def test_the_cli_table_shows_utilization_and_energy_with_deltas() -> None:
     from workbench.analysis.compare import compare_trials
-    from workbench.report import comparison_table
+    from workbench.terminal import comparison_table
 
     comp = compare_trials([_constructed("b1", 0.7, None, None)], [[_constructed("c1", 1.1, None, None)]])
 

@@ -19,7 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from workbench import export, report, tune, ui
+    from workbench import export, tune, ui
     from workbench.analysis.diagnose import diagnose_trial as diagnose
     from workbench.api import loader_bound, workers_enough
     from workbench.api import run_comparison as compare
@@ -30,10 +30,11 @@ if TYPE_CHECKING:
     from workbench.protocol import Protocol
     from workbench.trials import run_trial
     from workbench.tune import TuneResult
+    from workbench.ui import write_report as report
     from workbench.workloads import Workload, load_workload
     from workbench.workloads.stages import stage
 
-#: public name -> "module:attribute" it is defined in; a bare module (tune, export, report) is itself callable.
+#: public name -> "module:attribute" it is defined in; a bare module (tune, export) is itself callable.
 _PUBLIC = {
     "TrainConfig": "workbench.config:TrainConfig",
     "ConfigError": "workbench.config:ConfigError",
@@ -54,7 +55,7 @@ _PUBLIC = {
     "export": "workbench.export",
     "watch": "workbench.watch",
     "ui": "workbench.ui",
-    "report": "workbench.report",
+    "report": "workbench.ui:write_report",
 }
 
 __all__ = [

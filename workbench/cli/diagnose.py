@@ -70,7 +70,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"result": result.to_dict(), "diagnosis": diagnosis.to_dict()}, indent=2, default=str))
     else:
-        from workbench.report import run_summary
+        from workbench.terminal import run_summary
 
         print(run_summary(result, verbose=getattr(args, "verbose", False)))
         print()

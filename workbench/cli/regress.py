@@ -95,10 +95,10 @@ def _failure_report(args: argparse.Namespace, report: Any, store: Any = None, wo
     """`--report`: the HTML report of a failed gate (nothing is written when it passes)."""
     if args.report is None or not report.regressed:
         return
-    from workbench.report import write_html_report
+    from workbench.ui import write_report
 
     try:
-        path = write_html_report(
+        path = write_report(
             args.report,
             regression=report,
             store=store,

@@ -34,12 +34,12 @@ def add_commands(sub: Any) -> None:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from workbench.report import write_html_report
+    from workbench.ui import write_report
 
     if args.workload is None and args.run is None and args.tune is None and args.job is None:
         raise UsageError("say what to report: --workload, --run, --tune and/or --job")
     try:
-        path = write_html_report(
+        path = write_report(
             args.output,
             store=args.store,
             workload=args.workload,

@@ -84,7 +84,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         print(result.to_json(indent=2))
     else:
-        from workbench.report import run_summary
+        from workbench.terminal import run_summary
 
         print(run_summary(result, verbose=getattr(args, "verbose", False)))
         if result.data_stages is not None:
@@ -163,7 +163,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(outcome.to_dict(), indent=2))
     else:
-        from workbench.report import comparison_table
+        from workbench.terminal import comparison_table
 
         print(comparison_table(outcome))
     failed = [c for c in outcome.comparison.candidates if c.summary.status != "ok"]

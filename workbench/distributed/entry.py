@@ -142,7 +142,7 @@ def _no_progress(step: int, phase: str) -> None:
 
 def _report(result: Any, out: str | None) -> None:
     from workbench.distributed.stats import rank_rows
-    from workbench.report import run_summary
+    from workbench.terminal import run_summary
 
     print(run_summary(result))
     for row in rank_rows(result):

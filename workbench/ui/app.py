@@ -25,7 +25,7 @@ from workbench.device import device_info, resolve_device
 from workbench.levers import capabilities, check_config
 from workbench.measure import RoundMeasured, StepMeasured, TrialRequest, TrialResult, TrialStarted
 from workbench.measure.monitor import DeviceMonitor
-from workbench.report import verdict_text
+from workbench.terminal import verdict_text
 from workbench.ui.bokeh_view import load_bokehjs
 from workbench.ui.charts import TIMELINE_S, LiveCharts, TrialSeries
 from workbench.ui.controls import ConfigPanel

@@ -2,7 +2,7 @@
 the analytical views, for a pull request or a CI artifact.
 
 One Bokeh document written with BokehJS inline: it opens from disk with no server and no internet.
-Tables and verdicts are the terminal's own text (`workbench.report`, `analysis.regress`), so the
+Tables and verdicts are the terminal's own text (`workbench.terminal`, `analysis.regress`), so the
 file and the CLI say the same words; the pictures are the `workbench.ui.views`.
 """
 
@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workbench.report import comparison_table
 from workbench.store.text import format_run
+from workbench.terminal import comparison_table
 from workbench.ui.views import data_pipeline, history, op_diff, pareto, ranks, render
 from workbench.ui.views.base import ViewError, opened_store
 

@@ -81,7 +81,7 @@ def _notes(comparison: Comparison | None) -> str:
     """The protocol's notes (rounds, noise, warnings): the same lines the CLI prints."""
     if comparison is None:
         return ""
-    from workbench.report import protocol_notes
+    from workbench.terminal import protocol_notes
 
     lines = protocol_notes(comparison)
     return "<div style='font-size:11px;color:#555'>" + "<br>".join(html.escape(x) for x in lines) + "</div>"
@@ -153,7 +153,7 @@ def _speedup(c: CandidateComparison) -> str:
 
 
 def _verdict(cand: CandidateComparison) -> str:
-    from workbench.report import verdict_text
+    from workbench.terminal import verdict_text
 
     units = f"<br><small>{cand.units} rounds</small>" if cand.units else ""
     color = _VERDICT_COLORS.get(cand.verdict, "#000")
@@ -197,7 +197,7 @@ def _diff(diff: dict[str, tuple[Any, Any]]) -> str:
 
 def _utilization_cells(s: TrialSummary, cand: CandidateComparison | None) -> list[str]:
     """The timed windows' utilization and energy, with the change against the baseline: the CLI's words."""
-    from workbench.report import energy_cell, utilization_cell
+    from workbench.terminal import energy_cell, utilization_cell
 
     delta = cand.utilization_delta if cand is not None else None
     reason = (s.utilization or {}).get("energy_reason", "")

@@ -17,9 +17,9 @@ from workbench.analysis.diagnose import Diagnosis, diagnose_trial
 from workbench.config import ConfigError, TrainConfig, field_names
 from workbench.measure.profile import ProfileOptions
 from workbench.protocol import ComparisonRun, Protocol, run_protocol
-from workbench.report import comparison_table
 from workbench.store import DEFAULT_STORE, StoreArg, opened_store
 from workbench.store.watched import WatchedRun, watched_runs
+from workbench.terminal import comparison_table
 from workbench.trials import run_trial
 from workbench.workloads import Workload
 

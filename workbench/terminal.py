@@ -1,14 +1,10 @@
-"""Text rendering of results for the terminal. Formatting only: every figure comes from analysis.
-
-Called, the module is `wb.report(...)`, the standalone HTML report (drawn by `workbench.ui.report`)."""
+"""Text rendering of results for the terminal. Formatting only: every figure comes from analysis."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from workbench.callable_module import make_callable
 from workbench.textfmt import format_bytes, format_ms, table
 
 if TYPE_CHECKING:
@@ -127,7 +123,7 @@ def comparison_table(outcome: ComparisonRun) -> str:
                "final-loss Δ", "numerics", "verdict"]  # fmt: skip
     add_utilization_columns(headers, rows, comp)
     add_layout_columns(headers, rows, comp)
-    bound = outcome.loader_bound
+    bound = getattr(outcome, "loader_bound", None)  # a comparison rebuilt from stored rows has none
     notes = [f"Ideal loader (batches staged on the device): {bound.sentence()}"] if bound is not None else []
     return table(headers, rows) + "\n" + "\n".join([*notes, *protocol_notes(comp), *compiled_candidate_lines(outcome)])
 
@@ -325,17 +321,3 @@ def energy_cell(util: dict[str, Any] | None, delta: dict[str, Any] | None = None
 
 def _signed(value: float | None, fmt: str) -> str:
     return "" if value is None else f" ({fmt.format(value)})"
-
-
-def write_html_report(*args: Any, **kwargs: Any) -> Any:
-    """`wb.report(path, comparison=..., regression=..., tune=..., store=..., workload=...)`: one standalone
-    HTML file (no server, no internet) with the comparison table, the verdicts and the analytical views;
-    the arguments are `workbench.ui.write_report`'s, and it returns the path written."""
-    # The HTML is drawn by workbench.ui (Bokeh/HoloViews, optional packages the engine never needs), so it
-    # is reached by name through the public namespace, as `import workbench as wb` reaches every name:
-    # Python binds `workbench.report` to this module once it is imported, so this module must be the
-    # public function (as wb.tune and wb.export are), and it cannot import the UI layer above it.
-    return importlib.import_module("workbench.ui").write_report(*args, **kwargs)
-
-
-make_callable(__name__, write_html_report)  # wb.report(...) writes the HTML report; the text helpers stay here
