@@ -1,0 +1,37 @@
+"""A tune whose PostgreSQL run history goes away mid-search: a measured trial is kept and written when the
+server returns, or the search stops with the trial's figures printed — never lost silently."""
+
+from __future__ import annotations
+
+import pytest
+from test_store import fake_result
+
+from workbench.store import Store
+from workbench.store.throwaway_pg import ThrowawayPostgres
+from workbench.tune.record import TuneRecord, UnsavedTrials
+
+
+def test_trials_measured_while_the_server_is_away_are_written_when_it_returns_or_printed() -> None:
+    with ThrowawayPostgres() as server:
+        url = server.create_database()
+        record = TuneRecord(url, {"workload": "w"}, resume=False)
+        first, during, after, lost = (fake_result() for _ in range(4))
+        record.save(first, "baseline")
+        server.stop(remove=False)
+        record.save(during, "screen")  # no error: kept for later
+        assert [(r.trial_id, label) for r, label in record.unsaved] == [(during.trial_id, "screen")]
+        assert "lost the connection" in record.store_failure or "nothing answers" in record.store_failure
+        server.start()
+        record.save(after, "screen")  # the kept one goes first, then this one
+        assert record.unsaved == []
+        with Store(url) as opened:
+            stored = [(t.label, t.result.trial_id) for t in opened.trials(run_id=record.run_id)]
+        assert stored == [("baseline", first.trial_id), ("screen", during.trial_id), ("screen", after.trial_id)]
+        server.stop(remove=False)
+        record.save(lost, "verification: amp=bf16")
+        with pytest.raises(UnsavedTrials) as info:
+            record.close()
+        message = str(info.value)
+        assert "1 measured trial(s) could not be written" in message and lost.trial_id in message
+        assert "verification: amp=bf16" in message and "median 100.500 ms" in message
+        assert [r.trial_id for r in info.value.results] == [lost.trial_id]
