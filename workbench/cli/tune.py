@@ -14,6 +14,7 @@ from typing import Any
 
 from workbench.cli.options import (
     EXIT_FAILED_TRIAL,
+    UsageError,
     add_device_arg,
     add_precision_arg,
     add_set_arg,
@@ -54,6 +55,13 @@ def add_commands(sub: Any) -> None:
     tune.add_argument("--json", action="store_true", help="print JSON instead of a summary")
     tune.add_argument("--quiet", action="store_true", help="no progress lines")
     add_store_arg(tune, saving=True)
+    shared = tune.add_argument_group("one study, many tuners (see the 'Scaling out' docs page)")
+    shared.add_argument("--storage", default=None, metavar="URL",
+                        help="postgresql://USER@HOST[:PORT]/DATABASE holding the shared Optuna study")  # fmt: skip
+    shared.add_argument("--study", default=None, metavar="NAME",
+                        help="the study's name: every process (on any machine) given the same joins it")  # fmt: skip
+    shared.add_argument("--workers", type=int, default=1, metavar="N",
+                        help="start N tuner processes here, all joining the study (one per GPU on a GPU node)")  # fmt: skip
     tune.set_defaults(handler=_cmd_tune, runs_trials=True)
 
 
@@ -62,6 +70,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from workbench.tune import DEFAULT_PLANNED_STEPS, tune
     from workbench.tune.space import read_space_file
 
+    if args.workers != 1:
+        return _cmd_workers(args)
     budget_s = parse_duration(args.budget)
     max_memory = parse_bytes(args.max_memory) if args.max_memory else None
     baseline = config_from(args.overrides)
@@ -72,7 +82,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                   max_memory_bytes=max_memory, global_batch=args.global_batch,
                   protocol=Protocol(precision=args.precision, budget_s=budget_s), warmup=args.warmup,
                   steps=args.steps, device=args.device, preset=args.preset, store=store_arg(args),
-                  resume=args.resume, seed=args.seed, on_update=progress, timeout_s=args.timeout)  # fmt: skip
+                  resume=args.resume, seed=args.seed, on_update=progress, timeout_s=args.timeout,
+                  storage=args.storage, study=args.study)  # fmt: skip
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, default=str))
     else:
@@ -81,6 +92,18 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             print("\n" + result.export(args.export))
     baseline_ok = result.baseline is not None and result.baseline.ok
     return 0 if baseline_ok else EXIT_FAILED_TRIAL
+
+
+def _cmd_workers(args: argparse.Namespace) -> int:
+    from workbench.cli.tune_workers import run_workers, strip_workers
+
+    if args.workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {args.workers}")
+    if args.storage is None or args.study is None:
+        raise UsageError(
+            "--workers N shares one study between N processes: give --storage postgresql://... --study NAME"
+        )
+    return run_workers(strip_workers(args.argv[args.argv.index("tune") + 1 :]), args.workers, as_json=args.json)
 
 
 def summary(result: Any) -> str:
@@ -119,6 +142,8 @@ def summary(result: Any) -> str:
     front = ", ".join(f"#{t['number']} ({t['cost_ms']:.3g} {unit}, {format_bytes(t['peak_memory_bytes'])})"
                       for t in data["pareto"])  # fmt: skip
     lines.append(f"Pareto front (cost vs peak memory): {front or 'none'}")
+    if data["study_verdict"] is not None and not data["rungs"]:
+        lines.append("verdict: from the shared study (another process ran the verification)")
     lines.append(f"stop: {data['stop_reason']}; stored as run {data['run_id']}")
     return "\n".join(lines)
 

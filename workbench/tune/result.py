@@ -47,6 +47,8 @@ class TuneResult:
     """The sampler's seed: the same inputs and seed give the same sequence of proposals."""
     recommended: Recommended | None = None
     """The diagnosis's recommendations, measured first: one protocol rung, the verified ones combined."""
+    study_verdict: dict[str, Any] | None = None
+    """A shared study's verdict ('best', 'stop_reason', 'rungs'), as the one process that verified stored it."""
 
     @property
     def tied(self) -> bool:
@@ -68,8 +70,8 @@ class TuneResult:
         from workbench.tune.verify import row_dict
 
         final = self._last_complete_rung()
-        if final is None:
-            return None
+        if final is None:  # a process of a shared study that another process verified for
+            return dict(self.study_verdict["best"]) if self.study_verdict and self.study_verdict["best"] else None
         index = final.winner
         is_winner = index is not None
         if index is None:
@@ -155,6 +157,7 @@ class TuneResult:
             "stop_reason": self.stop_reason,
             "run_id": self.run_id,
             "notes": self.notes,
+            "study_verdict": self.study_verdict,
         }
 
 
