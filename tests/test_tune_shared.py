@@ -108,3 +108,56 @@ def test_a_tuner_killed_mid_trial_leaves_its_trial_failed_and_the_other_finishes
     assert len(configs) == len(set(configs))
     result = json.loads(out)
     assert result["rungs"] and study.user_attrs["verdict"]["best"]["config"] == result["best"]["config"]
+
+
+def test_workers_starts_n_tuners_that_share_the_study(workload_folder: Path, postgres_url: str, studies: Any) -> None:
+    proc = _start(workload_folder, postgres_url, "workers", "--workers", "2")
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-2000:]
+    results = json.loads(out)
+    assert len(results) == 2 and sum(1 for r in results if r["rungs"]) == 1
+    verdict = studies("workers").user_attrs["verdict"]
+    assert [r["best"]["config"] for r in results] == [verdict["best"]["config"]] * 2
+
+
+def test_another_device_kind_or_question_is_refused_by_name(postgres_url: str) -> None:
+    from workbench.config import ConfigError
+    from workbench.tune.screening import make_pruner, make_sampler
+    from workbench.tune.space import user_space
+    from workbench.tune.study import SharedStudy
+
+    space = user_space({"batch_size": [2, 4]}, "cpu")
+
+    def join(kind: str, question: dict[str, Any]) -> SharedStudy:
+        return SharedStudy(postgres_url, "kinds", question, kind, resume=False, sampler=make_sampler(space, 0),
+                           pruner=make_pruner())  # fmt: skip
+
+    join("cuda: NVIDIA H100 80GB HBM3", {"workload": "sleepy"}).close()
+    with pytest.raises(ConfigError, match=r"measures on cuda: NVIDIA H100 80GB HBM3; this process's device is cpu"):
+        join("cpu: AMD EPYC", {"workload": "sleepy"})
+    with pytest.raises(ConfigError, match="differs in workload"):
+        join("cuda: NVIDIA H100 80GB HBM3", {"workload": "bev-perception"})
+    with pytest.raises(ConfigError, match="no study 'other'"):
+        SharedStudy(postgres_url, "other", {}, "cpu", resume=True, sampler=None, pruner=None)
+    with pytest.raises(ConfigError, match="must be a PostgreSQL URL"):
+        SharedStudy("sqlite:///x.db", "kinds", {}, "cpu", resume=False, sampler=None, pruner=None)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--study", "s"], "give its --storage"),
+        (["--workers", "2"], "--workers N shares one study"),
+        (["--storage", "postgresql://postgres@127.0.0.1:1/x", "--study", "s"], "nothing answers at 127.0.0.1:1"),
+    ],
+)
+def test_bad_shared_study_input_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    from workbench.cli import main
+
+    (tmp_path / "space.json").write_text('{"amp": ["fp32", "bf16"]}')
+    code = main(["tune", "--space", str(tmp_path / "space.json"), "--device", "cpu", "--no-store", *args])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert message in err and len(err.strip().splitlines()) == 1, err

@@ -81,7 +81,11 @@ class SharedStudy:
         except Exception as exc:
             self._locks.close()
             raise StoreError(f"cannot open the study storage {self.shown}: {exc}") from None
-        self.study = self._open(identity, device_kind, resume, sampler, pruner)
+        try:
+            self.study = self._open(identity, device_kind, resume, sampler, pruner)
+        except BaseException:
+            self.close()
+            raise
 
     # --- who measures what ---------------------------------------------------------------------
 
