@@ -99,6 +99,11 @@ def test_a_wrong_url_is_one_line_with_the_fix_and_exit_2(postgres_server: Throwa
     assert says in proc.stderr and "WORKBENCH_STORE" in proc.stderr, proc.stderr
 
 
+def test_an_empty_database_is_an_empty_history_not_an_error(postgres_url: str) -> None:
+    proc = _cli("history", "--store", postgres_url)
+    assert proc.returncode == 0 and "no stored trials match" in proc.stdout, proc.stdout + proc.stderr
+
+
 def test_history_reads_a_run_another_process_wrote_through_the_env_var(postgres_url: str) -> None:
     spec = "test_store:tiny_workload"
     env = {"WORKBENCH_STORE": postgres_url, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__),

@@ -93,8 +93,8 @@ class Store:
 
     Safe to share between threads (one connection behind a lock) and between processes
     (SQLite: WAL, writers queue on its lock; PostgreSQL: the server's MVCC). `create=False`
-    refuses a missing file (or a database without a history) instead of starting a new
-    history, for read-only commands.
+    refuses a missing file instead of starting a new history, for read-only commands (a server's
+    database must exist either way; an empty one gets the history's tables on first use).
     """
 
     path: Path | str

@@ -115,7 +115,11 @@ def postgres_sql(sql: str) -> str:
 
 
 def connect(url: str, *, create: bool) -> PgConnection:
-    """Open `url`, refuse anything that is not a workbench history we can read, create or migrate ours."""
+    """Open `url`, refuse anything that is not a workbench history we can read, create or migrate ours.
+
+    `create` does not apply: the database itself is what must exist (a missing one is an error
+    naming it); an empty one gets the history's tables on first use, by any command, so reading
+    an empty shared history is "nothing stored yet", as for a file not written yet."""
     shown = redacted(url)
     if psycopg is None:
         raise StoreError(
@@ -199,8 +203,6 @@ def _check_and_migrate(conn: PgConnection, shown: str, create: bool) -> None:
     found = _version(conn, shown)  # raises on a foreign database or a newer schema
     if found == current:
         return
-    if found == 0 and not create:
-        raise StoreError(f"no run history in {shown} yet (runs are saved there by `workbench run/compare/regress`)")
     try:
         with conn.raw.transaction():
             # DDL is transactional here too: the whole upgrade lands, or none of it. The lock keeps two

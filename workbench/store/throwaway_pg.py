@@ -17,7 +17,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -125,13 +124,15 @@ def _unprivileged_user() -> pwd.struct_passwd | None:
 
 def main() -> int:
     server = ThrowawayPostgres()
-    server.start()
-    url = server.create_database("workbench")
-    print(
-        f"throw-away PostgreSQL running; its data is deleted when this stops (Ctrl-C)\n\n  export WORKBENCH_STORE={url}\n"
-    )
-    sys.stdout.flush()
     try:
+        server.start()
+        history, study = server.create_database("workbench"), server.create_database("studies")
+        print(
+            "throw-away PostgreSQL running; its data is deleted when this stops (Ctrl-C)\n\n"
+            f"  export WORKBENCH_STORE={history}\n"
+            f"  workbench tune --storage {study} --study my-search ...\n",
+            flush=True,
+        )
         signal.sigwait({signal.SIGINT, signal.SIGTERM})
     finally:
         server.stop()
