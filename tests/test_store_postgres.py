@@ -5,13 +5,16 @@ runs read by `history`, and a server that restarts under an open store."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from test_regress import SUITE
 from test_store import fake_result
 
 from workbench.store import Store, StoreError, schema
@@ -115,6 +118,18 @@ def test_history_reads_a_run_another_process_wrote_through_the_env_var(postgres_
     assert '"workload": "tiny-linear"' in shown.stdout and '"kind": "run"' in shown.stdout
     with Store(postgres_url, create=False) as opened:
         assert opened.count() == 1
+
+
+def test_regress_reads_runs_another_process_wrote(postgres_url: str, tmp_path: Path) -> None:
+    tests = os.path.dirname(__file__)
+    writer = f"import sys; sys.path.insert(0, {tests!r}); import test_regress as t; list(t.write_history({postgres_url!r}, 4))"
+    subprocess.run([sys.executable, "-c", writer], check=True, timeout=120)
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps(SUITE))
+    proc = _cli("regress", "--suite", str(suite), "--from-store", "--store", postgres_url)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # the plain configuration got 30% slower at commit C
+    lines = {line.split()[0]: line for line in proc.stdout.splitlines() if line.startswith(("plain", "bf16"))}
+    assert "REGRESSION" in lines["plain"] and lines["bf16"].rstrip().endswith("pass")
 
 
 def test_a_server_that_restarts_under_an_open_store_is_reconnected() -> None:

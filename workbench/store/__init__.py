@@ -14,7 +14,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from workbench.store.core import HistoryRow, RunRecorder, Store
-from workbench.store.location import ENV_VAR, StoreError, default_store_path, is_database_url, store_exists
+from workbench.store.location import (
+    ENV_VAR,
+    StoreError,
+    default_store_path,
+    is_database_url,
+    shown_store,
+    store_exists,
+)
 from workbench.store.records import StoredTrial, config_key, env_key
 from workbench.store.reference import Reference, UnknownReference, parse_reference
 
@@ -69,5 +76,6 @@ __all__ = [
     "is_database_url",
     "opened_store",
     "parse_reference",
+    "shown_store",
     "store_exists",
 ]

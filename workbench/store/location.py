@@ -54,6 +54,11 @@ def redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+def shown_store(target: Path | str) -> str:
+    """The history's location as shown to a user or a browser: a file's path, a URL without its password."""
+    return redacted(str(target)) if is_database_url(target) else str(target)
+
+
 def user_data_dir() -> Path:
     """The platform's per-user data folder (XDG on Linux), without a dependency for it."""
     if sys.platform == "darwin":
