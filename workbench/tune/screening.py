@@ -186,9 +186,16 @@ class Screening:
         if pruned:
             result.message = f"pruned after {pruned[0]} timed steps: {PRUNED_WHY}"
         outcome = judge(result, self.baseline_result, self.objective)
-        if self.shared is not None:  # what another process's verification ranks this trial by
-            trial.set_user_attr("figures", _figures(result, outcome))
-        self.study.tell(trial, outcome.cost_ms if outcome.feasible else None, state=_state(self.optuna, outcome))
+        if self.shared is not None:
+            self.shared.tell(
+                trial,
+                outcome.cost_ms if outcome.feasible else None,
+                _state(self.optuna, outcome),
+                _figures(result, outcome),
+                result,
+            )
+        else:
+            self.study.tell(trial, outcome.cost_ms if outcome.feasible else None, state=_state(self.optuna, outcome))
         return self._record(config, params, stage, outcome, result, estimated=estimated)
 
     def run_config(self, config: TrainConfig, stage: str, *, fresh: bool = False) -> TunedTrial:

@@ -110,6 +110,15 @@ class SharedStudy:
             return int(other.number)
         return None
 
+    def tell(self, trial: Any, value: float | None, state: Any, figures: dict[str, Any], result: TrialResult) -> None:
+        """Report a measured trial, with the figures another process's verification ranks it by. A
+        storage that stopped answering ends the run with the trial's result printed (never dropped)."""
+        try:
+            trial.set_user_attr("figures", figures)
+            self.study.tell(trial, value, state=state)
+        except Exception as exc:
+            raise StudyUnreachable(self.shown, exc, result) from None
+
     @contextlib.contextmanager
     def beating(self, trial: Any) -> Iterator[None]:
         """Heartbeats for `trial` while the block measures it."""
@@ -222,6 +231,21 @@ class SharedStudy:
                 "process of one study needs the same workload, window, space, objective and baseline"
             )
         return study
+
+
+class StudyUnreachable(StoreError):
+    """The study's database stopped answering after a trial was measured: the message holds its result."""
+
+    def __init__(self, shown: str, exc: Exception, result: TrialResult) -> None:
+        self.result = result
+        why = " ".join(str(exc).split())[:300]
+        median = f"{result.median_step_ms:.3f} ms" if result.median_step_ms is not None else "-"
+        super().__init__(
+            f"the study storage {shown} stopped answering ({type(exc).__name__}: {why}); the trial just measured "
+            f"is not in the study: {json.dumps(result.config, sort_keys=True)} {result.status} median {median} "
+            f"(trial {result.trial_id}). Its result: {result.to_json()}. Restart this process to rejoin the study "
+            "once the server is back (its trial there is failed once its heartbeat is stale)"
+        )
 
 
 @contextlib.contextmanager
