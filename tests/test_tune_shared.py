@@ -76,6 +76,7 @@ def test_two_tuners_started_seconds_apart_share_one_study(
     assert verdict["best"]["config"] == verified[0]["best"]["config"]
     assert [r["best"]["config"] for r in results] == [verdict["best"]["config"]] * 2
     assert verdict["best"]["config"]["batch_size"] == 8  # 1.5x per sample: the truth of this workload
+    assert all(r["shared_study"] == "shared" and "constant_liar" in r["sampler"] for r in results)
 
 
 def test_a_tuner_killed_mid_trial_leaves_its_trial_failed_and_the_other_finishes(

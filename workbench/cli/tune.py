@@ -134,7 +134,8 @@ def summary(result: Any) -> str:
         helped = ", ".join(recommended["helped"]) or "none verified faster"
         lines.append(f"recommendations measured first: {len(recommended['candidates'])}; verified faster: {helped}"
                      + (f"; combined: {recommended['combined']}" if recommended.get("combined") else ""))  # fmt: skip
-    lines.append(f"sampler: {data['sampler']} (the same inputs and seed propose the same configurations)")
+    promise = " (the same inputs and seed propose the same configurations)" if data["shared_study"] is None else ""
+    lines.append(f"sampler: {data['sampler']}{promise}")
     rows = [[t["number"], t["stage"], _params(t["params"]), t["status"],
              f"{t['cost_ms']:.3g}" if t["cost_ms"] is not None else "-", format_bytes(t["peak_memory_bytes"]),
              t["reason"][:60]] for t in data["trials"]]  # fmt: skip

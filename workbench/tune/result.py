@@ -47,6 +47,8 @@ class TuneResult:
     """The sampler's seed: the same inputs and seed give the same sequence of proposals."""
     recommended: Recommended | None = None
     """The diagnosis's recommendations, measured first: one protocol rung, the verified ones combined."""
+    shared_study: str | None = None
+    """The shared study's name, when this process searched as one of several (`study.py`)."""
     study_verdict: dict[str, Any] | None = None
     """A shared study's verdict ('best', 'stop_reason', 'rungs'), as the one process that verified stored it."""
 
@@ -147,7 +149,10 @@ class TuneResult:
             "rungs": [r.to_dict() for r in self.rungs],
             "seeds": self.seeds,
             "seed": self.seed,
-            "sampler": f"optuna TPESampler(seed={self.seed})",
+            "sampler": f"optuna TPESampler(seed={self.seed})"
+            if self.shared_study is None
+            else f"optuna TPESampler(constant_liar, a seed per process) on the shared study '{self.shared_study}'",
+            "shared_study": self.shared_study,
             "tied": self.tied,
             "recommended": self.recommended.to_dict() if self.recommended is not None else None,
             "largest_batch": self.largest_batch,

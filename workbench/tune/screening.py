@@ -150,7 +150,9 @@ class Screening:
         """Ask for a configuration and measure it; None when it was a repeat or refused (not counted)."""
         if self.shared is not None:
             self.shared.fail_stale()
-        trial = self.shared.ask(self.distributions) if self.shared is not None else self.study.ask(self.distributions)
+        trial, repeat_of = (
+            self.shared.ask(self.distributions) if self.shared else (self.study.ask(self.distributions), None)
+        )
         params = {**{n: v[0] for n, v in self.space.values.items()}, **trial.params}
         try:
             config = self.space.config(self.baseline, params)
@@ -168,8 +170,8 @@ class Screening:
             self.study.tell(trial, value, state=_state(self.optuna, Outcome(known.status, value)))
             self.repeats += 1
             return None
-        if self.shared is not None and self.shared.repeat_of(trial) is not None:  # another process has it
-            trial.set_user_attr("repeat_of", self.shared.repeat_of(trial))
+        if repeat_of is not None:  # another process of the shared study has it
+            trial.set_user_attr("repeat_of", repeat_of)
             self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
             self.repeats += 1
             return None

@@ -193,6 +193,7 @@ class _Search:
         """A process of a shared study: screen until its share of the budget or the verification
         starts, then the verification (if no other process has it) or the study's verdict."""
         assert self.shared is not None
+        result.shared_study = self.shared.name
         self._screen(screening, valid)
         result.stop_reason = "cancelled" if self.cancel.is_set() else ""
         if not self.cancel.is_set():

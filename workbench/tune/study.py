@@ -94,12 +94,16 @@ class SharedStudy:
         with _no_heartbeat_warnings():
             self.optuna.storages.fail_stale_trials(self.study)
 
-    def ask(self, distributions: dict[str, Any]) -> Any:
-        """The sampler's next proposal, marked with the process that measures it (host:pid)."""
-        with _no_heartbeat_warnings():
+    def ask(self, distributions: dict[str, Any]) -> tuple[Any, int | None]:
+        """The sampler's next proposal, marked with the process that measures it (host:pid), and the
+        earlier trial of the same configuration if there is one (then this one is not measured).
+
+        One process asks at a time: Optuna writes a new trial's parameters one by one, so a check
+        made while another process's ask is half-written would miss its duplicate."""
+        with self.only_one("ask"), _no_heartbeat_warnings():
             trial = self.study.ask(distributions)
-        trial.set_user_attr("worker", f"{platform.node()}:{os.getpid()}")
-        return trial
+            trial.set_user_attr("worker", f"{platform.node()}:{os.getpid()}")
+            return trial, self.repeat_of(trial)
 
     def repeat_of(self, trial: Any) -> int | None:
         """An earlier trial (running or finished, not itself a repeat) with this trial's configuration."""
