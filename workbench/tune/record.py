@@ -1,9 +1,11 @@
 """A search in the run history: one stored "tune" run holds every trial the search ran.
 
-The store is the one source of truth for resuming: Optuna's study lives in memory and is
-rebuilt from the stored trials (`Screening.replay`), so there is no second database to keep
-in step with ours. The run's label is the search's identity (workload, window, space,
-objective): `--resume` only continues a search of the same question.
+The store is the one source of truth for resuming a search of one process: Optuna's study lives
+in memory and is rebuilt from the stored trials (`Screening.replay`), so there is no second
+database to keep in step with ours. The run's label is the search's identity (workload, window,
+space, objective): `--resume` only continues a search of the same question. A search shared by
+several processes keeps its study in PostgreSQL instead (`study.py`); there the study is what
+resumes, and each process still saves the trials it measured here.
 """
 
 from __future__ import annotations
