@@ -43,10 +43,34 @@ def tune_wall_time(server: ThrowawayPostgres, folder: Path, workers: int, budget
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(folder), str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
     }
-    command = [sys.executable, "-m", "workbench.cli", "tune", "--workload", "sleepy_models:sleepy", "--space",
-               str(folder / "space.json"), "--budget", budget, "--steps", "4", "--warmup", "1", "--device", "cpu",
-               "--precision", "0.1", "--no-store", "--storage", url, "--study", "bench", "--workers", str(workers),
-               "--json"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "workbench.cli",
+        "tune",
+        "--workload",
+        "sleepy_models:sleepy",
+        "--space",
+        str(folder / "space.json"),
+        "--budget",
+        budget,
+        "--steps",
+        "4",
+        "--warmup",
+        "1",
+        "--device",
+        "cpu",
+        "--precision",
+        "0.1",
+        "--no-store",
+        "--storage",
+        url,
+        "--study",
+        "bench",
+        "--workers",
+        str(workers),
+        "--json",
+    ]
     began = time.perf_counter()
     proc = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     wall = time.perf_counter() - began
@@ -86,8 +110,10 @@ def main() -> None:
             (folder / "space.json").write_text(SPACE)
             one = tune_wall_time(server, folder, 1, args.budget)
             two = tune_wall_time(server, folder, 2, args.budget)
-            print(f"tuner, budget {args.budget} s: 1 worker {one[0]:.1f} s wall, {one[1]} screened; "
-                  f"2 workers {two[0]:.1f} s wall, {two[1]} screened")  # fmt: skip
+            print(
+                f"tuner, budget {args.budget} s: 1 worker {one[0]:.1f} s wall, {one[1]} screened; "
+                f"2 workers {two[0]:.1f} s wall, {two[1]} screened"
+            )
             rate = (two[1] / two[0]) / max(one[1] / one[0], 1e-9)
             print(f"  wall-time ratio 2/1 workers: {two[0] / one[0]:.2f}; screening throughput ratio: {rate:.2f}x")
         sqlite = store_times(str(folder / "history.sqlite"), args.trials, args.repeats)

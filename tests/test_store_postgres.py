@@ -22,8 +22,14 @@ from workbench.store.throwaway_pg import ThrowawayPostgres
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "workbench.cli", *args], capture_output=True, text=True,
-                          timeout=120, check=False, env={**os.environ, **(env or {})})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "workbench.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def _sql(url: str, statement: str) -> Any:
@@ -88,8 +94,9 @@ def test_large_numbers_and_exact_times_keep_their_precision(postgres_url: str) -
         ("no database", "names no database"),
     ],
 )
-def test_a_wrong_url_is_one_line_with_the_fix_and_exit_2(postgres_server: ThrowawayPostgres, mistake: str,
-                                                         says: str) -> None:  # fmt: skip
+def test_a_wrong_url_is_one_line_with_the_fix_and_exit_2(
+    postgres_server: ThrowawayPostgres, mistake: str, says: str
+) -> None:
     url = {
         "missing database": postgres_server.database_url("no_such_history"),
         "refused": f"postgresql://postgres@127.0.0.1:{_closed_port()}/workbench",
@@ -109,8 +116,10 @@ def test_an_empty_database_is_an_empty_history_not_an_error(postgres_url: str) -
 
 def test_history_reads_a_run_another_process_wrote_through_the_env_var(postgres_url: str) -> None:
     spec = "test_store:tiny_workload"
-    env = {"WORKBENCH_STORE": postgres_url, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__),
-                                                                           os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    env = {
+        "WORKBENCH_STORE": postgres_url,
+        "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]),
+    }
     ran = _cli("run", "--workload", spec, "--steps", "1", "--warmup", "1", "--quiet", env=env)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     shown = _cli("history", "--json", "--store", postgres_url)

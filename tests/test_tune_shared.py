@@ -23,11 +23,36 @@ SPACE = '{"batch_size": [2, 4, 8], "optimizer_impl": ["for-loop", "foreach"], "c
 
 def _start(tmp_path: Path, storage: str, study: str, *extra: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-m", "workbench.cli", "tune", "--workload", "sleepy_models:sleepy", "--space",
-               str(tmp_path / "space.json"), "--budget", "40", "--steps", "4", "--warmup", "1", "--device", "cpu",
-               "--precision", "0.1", "--no-store", "--storage", storage, "--study", study, "--json", *extra]  # fmt: skip
-    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "workbench.cli",
+        "tune",
+        "--workload",
+        "sleepy_models:sleepy",
+        "--space",
+        str(tmp_path / "space.json"),
+        "--budget",
+        "40",
+        "--steps",
+        "4",
+        "--warmup",
+        "1",
+        "--device",
+        "cpu",
+        "--precision",
+        "0.1",
+        "--no-store",
+        "--storage",
+        storage,
+        "--study",
+        study,
+        "--json",
+        *extra,
+    ]
+    return subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
 
 
 @pytest.fixture
@@ -130,8 +155,9 @@ def test_another_device_kind_or_question_is_refused_by_name(postgres_url: str) -
     space = user_space({"batch_size": [2, 4]}, "cpu")
 
     def join(kind: str, question: dict[str, Any]) -> SharedStudy:
-        return SharedStudy(postgres_url, "kinds", question, kind, resume=False, sampler=make_sampler(space, 0),
-                           pruner=make_pruner())  # fmt: skip
+        return SharedStudy(
+            postgres_url, "kinds", question, kind, resume=False, sampler=make_sampler(space, 0), pruner=make_pruner()
+        )
 
     join("cuda: NVIDIA H100 80GB HBM3", {"workload": "sleepy"}).close()
     with pytest.raises(ConfigError, match=r"measures on cuda: NVIDIA H100 80GB HBM3; this process's device is cpu"):

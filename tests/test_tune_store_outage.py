@@ -49,16 +49,30 @@ def test_a_study_server_gone_mid_trial_stops_the_tuner_with_the_trial_printed() 
     space = user_space({"batch_size": [2, 4]}, "cpu")
     with ThrowawayPostgres() as server:
         url = server.create_database()
-        shared = SharedStudy(url, "outage", {"workload": "w"}, "cpu", resume=False,
-                             sampler=make_sampler(space, 0, shared=True), pruner=make_pruner())  # fmt: skip
+        shared = SharedStudy(
+            url,
+            "outage",
+            {"workload": "w"},
+            "cpu",
+            resume=False,
+            sampler=make_sampler(space, 0, shared=True),
+            pruner=make_pruner(),
+        )
         fake = _FakeMeasure()
 
         def measure_then_lose_the_server(config: TrainConfig, on_event: object, cancel: object) -> object:
             server.stop(remove=False)
             return fake(config, on_event, cancel)
 
-        screening = Screening(space, TrainConfig(), _result(14.0), Objective("throughput"),
-                              measure_then_lose_the_server, device="cpu", shared=shared)  # fmt: skip
+        screening = Screening(
+            space,
+            TrainConfig(),
+            _result(14.0),
+            Objective("throughput"),
+            measure_then_lose_the_server,
+            device="cpu",
+            shared=shared,
+        )
         try:
             with pytest.raises(StudyUnreachable) as info:
                 screening.step()

@@ -56,12 +56,25 @@ def add_commands(sub: Any) -> None:
     tune.add_argument("--quiet", action="store_true", help="no progress lines")
     add_store_arg(tune, saving=True)
     shared = tune.add_argument_group("one study, many tuners (see the 'Scaling out' docs page)")
-    shared.add_argument("--storage", default=None, metavar="URL",
-                        help="postgresql://USER@HOST[:PORT]/DATABASE holding the shared Optuna study")  # fmt: skip
-    shared.add_argument("--study", default=None, metavar="NAME",
-                        help="the study's name: every process (on any machine) given the same joins it")  # fmt: skip
-    shared.add_argument("--workers", type=int, default=1, metavar="N",
-                        help="start N tuner processes here, all joining the study (one per GPU on a GPU node)")  # fmt: skip
+    shared.add_argument(
+        "--storage",
+        default=None,
+        metavar="URL",
+        help="postgresql://USER@HOST[:PORT]/DATABASE holding the shared Optuna study",
+    )
+    shared.add_argument(
+        "--study",
+        default=None,
+        metavar="NAME",
+        help="the study's name: every process (on any machine) given the same joins it",
+    )
+    shared.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="start N tuner processes here, all joining the study (one per GPU on a GPU node)",
+    )
     tune.set_defaults(handler=_cmd_tune, runs_trials=True)
 
 
@@ -77,13 +90,28 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     baseline = config_from(args.overrides)
     space = read_space_file(args.space) if args.space else None
     progress = None if args.quiet or args.json else _progress
-    result = tune(args.workload, budget_s=budget_s, baseline=baseline, space=space,
-                  objective=args.objective, planned_steps=DEFAULT_PLANNED_STEPS if args.planned_steps is None else args.planned_steps,
-                  max_memory_bytes=max_memory, global_batch=args.global_batch,
-                  protocol=Protocol(precision=args.precision, budget_s=budget_s), warmup=args.warmup,
-                  steps=args.steps, device=args.device, preset=args.preset, store=store_arg(args),
-                  resume=args.resume, seed=args.seed, on_update=progress, timeout_s=args.timeout,
-                  storage=args.storage, study=args.study)  # fmt: skip
+    result = tune(
+        args.workload,
+        budget_s=budget_s,
+        baseline=baseline,
+        space=space,
+        objective=args.objective,
+        planned_steps=DEFAULT_PLANNED_STEPS if args.planned_steps is None else args.planned_steps,
+        max_memory_bytes=max_memory,
+        global_batch=args.global_batch,
+        protocol=Protocol(precision=args.precision, budget_s=budget_s),
+        warmup=args.warmup,
+        steps=args.steps,
+        device=args.device,
+        preset=args.preset,
+        store=store_arg(args),
+        resume=args.resume,
+        seed=args.seed,
+        on_update=progress,
+        timeout_s=args.timeout,
+        storage=args.storage,
+        study=args.study,
+    )
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, default=str))
     else:

@@ -163,9 +163,19 @@ class _Search:
                 f"a budget of {budget_s:g} s is too small for even one round: the baseline trial alone took "
                 f"{self.durations[0]:.0f} s; give at least {self.durations[0] / BASELINE_SHARE:.0f} s"
             )
-        screening = Screening(self.space, self.baseline, base, self.goal, self._measure, self._estimator(), seed=seed,
-                              samples_of=self._samples, device=self.window["device"], user_cancel=self.cancel,
-                              shared=self.shared)  # fmt: skip
+        screening = Screening(
+            self.space,
+            self.baseline,
+            base,
+            self.goal,
+            self._measure,
+            self._estimator(),
+            seed=seed,
+            samples_of=self._samples,
+            device=self.window["device"],
+            user_cancel=self.cancel,
+            shared=self.shared,
+        )
         result.screening = screening
         if self.shared is not None:  # the shared study holds the baseline's trial; no diagnosis seeds
             return self._run_shared(screening, base, result, valid)
