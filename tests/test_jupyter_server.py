@@ -227,6 +227,22 @@ def test_runs_list_stored_trials_newest_first(
     assert (error_of(api, "runs", limit=0))[0] == 400
 
 
+def test_runs_from_a_shared_postgresql_history_never_show_its_password(
+    api: Callable[..., HTTPResponse], monkeypatch: pytest.MonkeyPatch, postgres_url: str
+) -> None:
+    from test_store import fake_result
+
+    from workbench.store import Store
+
+    with Store(postgres_url) as store:
+        store.save_run([fake_result([100.0, 102.0])], kind="compare", labels=["a"])
+    with_password = postgres_url.replace("postgres@", "postgres:s3cret@")  # trust login ignores it
+    monkeypatch.setenv("WORKBENCH_STORE", with_password)
+    reply = get_json(api, "runs")
+    assert [r["label"] for r in reply["runs"]] == ["a"]
+    assert reply["store"] == postgres_url.replace("postgres@", "postgres:***@") and "s3cret" not in json.dumps(reply)
+
+
 WATCHED_LOOP = """
 import sys, time, torch
 import workbench as wb

@@ -162,20 +162,28 @@ def test_a_reference_stored_under_the_old_defaults_is_not_comparable_with_the_ne
 # --- REF resolution ---------------------------------------------------------------------------
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def history_target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where the history goes: a new file, or a fresh database on the session's throw-away PostgreSQL."""
+    if request.param == "postgresql":
+        return str(request.getfixturevalue("postgres_url"))
+    return str(tmp_path / "history.sqlite")
+
+
 @pytest.fixture
-def history(tmp_path: Path) -> Any:
+def history(history_target: str) -> Any:
     """Commit A: 100 ms; commit B: both configs 100 ms; commit C (newest): plain 130 ms, bf16 101 ms."""
-    yield from _history(tmp_path, count=1)
+    yield from write_history(history_target, count=1)
 
 
 @pytest.fixture
-def repeated_history(tmp_path: Path) -> Any:
+def repeated_history(history_target: str) -> Any:
     """The same history with 4 trials per configuration and commit, as `regress` records it."""
-    yield from _history(tmp_path, count=4)
+    yield from write_history(history_target, count=4)
 
 
-def _history(tmp_path: Path, count: int) -> Any:
-    with Store(tmp_path / "history.sqlite") as store:
+def write_history(target: str, count: int) -> Any:
+    with Store(target) as store:
         bf16 = TrainConfig(amp="bf16")
         labels = ["plain"] * count + ["bf16"] * count
         store.save_run(trials(100, count, commit=COMMIT_A), labels=["plain"] * count)

@@ -277,8 +277,12 @@ def test_misuse_gets_one_clear_message_each_and_no_traceback(tmp_path: Path) -> 
     assert done.stderr.count("wb.watch('idle') saw no step") == 1
 
 
-def test_a_long_run_keeps_bounded_rows_in_memory_and_in_the_store(tmp_path: Path) -> None:
-    path = tmp_path / "h.sqlite"
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_long_run_keeps_bounded_rows_in_memory_and_in_the_store(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    """Also on a shared PostgreSQL history: the flushes' upserts and deletes are the same SQL there."""
+    path = str(request.getfixturevalue("postgres_url")) if backend == "postgresql" else tmp_path / "h.sqlite"
     with wb.watch(name="long", store=path, flush_s=0.05, max_rows=64, recent=32, capacity=4096) as w:
         for _ in range(100_000):
             w.step()

@@ -24,6 +24,7 @@ __all__ = ["UsageError", "build_parser", "main"]
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]  # as given: `tune --workers` reruns it
     if getattr(args, "runs_trials", False):
         start_server()  # its imports overlap ours: the first trial's worker is then a fork away
     stdout = sys.stdout

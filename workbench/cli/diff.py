@@ -29,17 +29,16 @@ def add_commands(sub: Any) -> None:
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
     from workbench.analysis.trace_diff import TraceDiffError, diff_trials, format_diff
-    from workbench.store import Store, default_store_path
+    from workbench.store import Store, default_store_path, store_exists
 
     if args.top < 1:
         raise UsageError(f"--top must be >= 1, got {args.top}")
     path = args.store or default_store_path()
     if path is None:
         raise UsageError("the run history is off (WORKBENCH_STORE=off); pass --store PATH")
-    if not Path(path).exists():
+    if not store_exists(path):
         raise UsageError(f"no run history at {path}: run `workbench run --profile ...` twice first, or pass --store")
     try:
         with Store(path, create=False) as store:

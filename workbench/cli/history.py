@@ -34,13 +34,12 @@ def _newest_first(row: Any) -> float:
 
 
 def _cmd_job(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
-    from workbench.store import default_store_path
+    from workbench.store import default_store_path, store_exists
     from workbench.watch.job import watched_job
 
     path = args.store or default_store_path()
-    if path is None or not Path(path).exists():
+    if path is None or not store_exists(path):
         raise UsageError(f"no run history at {path or '(off: WORKBENCH_STORE=off)'}; pass --store PATH")
     try:
         job = watched_job(args.job, store=path)
@@ -52,9 +51,8 @@ def _cmd_job(args: argparse.Namespace) -> int:
 
 def _cmd_history(args: argparse.Namespace) -> int:
     from datetime import datetime
-    from pathlib import Path
 
-    from workbench.store import Store, default_store_path
+    from workbench.store import Store, default_store_path, store_exists
     from workbench.store.text import format_history
     from workbench.store.watched import watched_runs
 
@@ -68,7 +66,7 @@ def _cmd_history(args: argparse.Namespace) -> int:
     path = args.store or default_store_path()
     if path is None:
         raise UsageError("the run history is off (WORKBENCH_STORE=off); pass --store PATH")
-    if not Path(path).exists():
+    if not store_exists(path):
         print("[]" if args.json else f"no runs stored yet (history: {path})")
         return 0
     with Store(path, create=False) as store:

@@ -46,8 +46,13 @@ def add_trial_args(
 
 
 def add_store_arg(p: argparse.ArgumentParser, saving: bool = False) -> None:
-    p.add_argument("--store", default=None, metavar="PATH",
-                   help="run history file (default: $WORKBENCH_STORE, else the user data dir)")  # fmt: skip
+    p.add_argument(
+        "--store",
+        default=None,
+        metavar="PATH|URL",
+        help="run history: a file, or postgresql://USER@HOST[:PORT]/DATABASE for a team's shared history "
+        "(default: $WORKBENCH_STORE, else a file in the user data dir)",
+    )
     if saving:
         p.add_argument("--no-store", action="store_true", help="do not save the trials to the run history")
 

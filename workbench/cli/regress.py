@@ -50,11 +50,10 @@ def add_commands(sub: Any) -> None:
 
 def _cmd_regress(args: argparse.Namespace) -> int:
     """Measure (or read) the suite, find each configuration's reference, gate on the report."""
-    from pathlib import Path
 
     from workbench.analysis.intervals import MIN_UNITS
     from workbench.analysis.regress import Baseline, check_regressions, format_report, load_suite
-    from workbench.store import default_store_path, opened_store, parse_reference
+    from workbench.store import default_store_path, opened_store, parse_reference, store_exists
     from workbench.store.reference import describe_trials, find_baselines, stored_current
 
     if (args.suite is None) == (args.watched is None):
@@ -70,7 +69,7 @@ def _cmd_regress(args: argparse.Namespace) -> int:
         raise UsageError(f"--threshold must be a fraction such as 0.05 (5%), got {args.threshold}")
     saving = not args.no_store and not args.from_store
     path = args.store or default_store_path()
-    if path is not None and not saving and not Path(path).exists():
+    if path is not None and not saving and not store_exists(path):
         path = None  # nothing stored yet, and nothing to save: no file is created
     if args.from_store and path is None:
         raise UsageError(f"--from-store reads the run history, but there is none ({args.store or 'WORKBENCH_STORE'})")

@@ -14,6 +14,7 @@ from typing import Any
 
 from workbench.cli.options import (
     EXIT_FAILED_TRIAL,
+    UsageError,
     add_device_arg,
     add_precision_arg,
     add_set_arg,
@@ -54,6 +55,26 @@ def add_commands(sub: Any) -> None:
     tune.add_argument("--json", action="store_true", help="print JSON instead of a summary")
     tune.add_argument("--quiet", action="store_true", help="no progress lines")
     add_store_arg(tune, saving=True)
+    shared = tune.add_argument_group("one study, many tuners (see the 'Scaling out' docs page)")
+    shared.add_argument(
+        "--storage",
+        default=None,
+        metavar="URL",
+        help="postgresql://USER@HOST[:PORT]/DATABASE holding the shared Optuna study",
+    )
+    shared.add_argument(
+        "--study",
+        default=None,
+        metavar="NAME",
+        help="the study's name: every process (on any machine) given the same joins it",
+    )
+    shared.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="start N tuner processes here, all joining the study (one per GPU on a GPU node)",
+    )
     tune.set_defaults(handler=_cmd_tune, runs_trials=True)
 
 
@@ -62,17 +83,35 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from workbench.tune import DEFAULT_PLANNED_STEPS, tune
     from workbench.tune.space import read_space_file
 
+    if args.workers != 1:
+        return _cmd_workers(args)
     budget_s = parse_duration(args.budget)
     max_memory = parse_bytes(args.max_memory) if args.max_memory else None
     baseline = config_from(args.overrides)
     space = read_space_file(args.space) if args.space else None
     progress = None if args.quiet or args.json else _progress
-    result = tune(args.workload, budget_s=budget_s, baseline=baseline, space=space,
-                  objective=args.objective, planned_steps=DEFAULT_PLANNED_STEPS if args.planned_steps is None else args.planned_steps,
-                  max_memory_bytes=max_memory, global_batch=args.global_batch,
-                  protocol=Protocol(precision=args.precision, budget_s=budget_s), warmup=args.warmup,
-                  steps=args.steps, device=args.device, preset=args.preset, store=store_arg(args),
-                  resume=args.resume, seed=args.seed, on_update=progress, timeout_s=args.timeout)  # fmt: skip
+    result = tune(
+        args.workload,
+        budget_s=budget_s,
+        baseline=baseline,
+        space=space,
+        objective=args.objective,
+        planned_steps=DEFAULT_PLANNED_STEPS if args.planned_steps is None else args.planned_steps,
+        max_memory_bytes=max_memory,
+        global_batch=args.global_batch,
+        protocol=Protocol(precision=args.precision, budget_s=budget_s),
+        warmup=args.warmup,
+        steps=args.steps,
+        device=args.device,
+        preset=args.preset,
+        store=store_arg(args),
+        resume=args.resume,
+        seed=args.seed,
+        on_update=progress,
+        timeout_s=args.timeout,
+        storage=args.storage,
+        study=args.study,
+    )
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, default=str))
     else:
@@ -81,6 +120,18 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             print("\n" + result.export(args.export))
     baseline_ok = result.baseline is not None and result.baseline.ok
     return 0 if baseline_ok else EXIT_FAILED_TRIAL
+
+
+def _cmd_workers(args: argparse.Namespace) -> int:
+    from workbench.cli.tune_workers import run_workers, strip_workers
+
+    if args.workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {args.workers}")
+    if args.storage is None or args.study is None:
+        raise UsageError(
+            "--workers N shares one study between N processes: give --storage postgresql://... --study NAME"
+        )
+    return run_workers(strip_workers(args.argv[args.argv.index("tune") + 1 :]), args.workers, as_json=args.json)
 
 
 def summary(result: Any) -> str:
@@ -111,7 +162,8 @@ def summary(result: Any) -> str:
         helped = ", ".join(recommended["helped"]) or "none verified faster"
         lines.append(f"recommendations measured first: {len(recommended['candidates'])}; verified faster: {helped}"
                      + (f"; combined: {recommended['combined']}" if recommended.get("combined") else ""))  # fmt: skip
-    lines.append(f"sampler: {data['sampler']} (the same inputs and seed propose the same configurations)")
+    promise = " (the same inputs and seed propose the same configurations)" if data["shared_study"] is None else ""
+    lines.append(f"sampler: {data['sampler']}{promise}")
     rows = [[t["number"], t["stage"], _params(t["params"]), t["status"],
              f"{t['cost_ms']:.3g}" if t["cost_ms"] is not None else "-", format_bytes(t["peak_memory_bytes"]),
              t["reason"][:60]] for t in data["trials"]]  # fmt: skip
@@ -119,6 +171,8 @@ def summary(result: Any) -> str:
     front = ", ".join(f"#{t['number']} ({t['cost_ms']:.3g} {unit}, {format_bytes(t['peak_memory_bytes'])})"
                       for t in data["pareto"])  # fmt: skip
     lines.append(f"Pareto front (cost vs peak memory): {front or 'none'}")
+    if data["study_verdict"] is not None and not data["rungs"]:
+        lines.append("verdict: from the shared study (another process ran the verification)")
     lines.append(f"stop: {data['stop_reason']}; stored as run {data['run_id']}")
     return "\n".join(lines)
 

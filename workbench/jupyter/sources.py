@@ -100,20 +100,24 @@ def list_runs(limit: int) -> dict[str, Any]:
     saying why, not an error — a fresh install has run nothing yet.
     """
     try:
-        from workbench.store import Store, StoreError, default_store_path
+        from workbench.store import Store, StoreError, default_store_path, shown_store, store_exists
     except ImportError as exc:
         return {"runs": [], "store": None, "note": f"the run store is not part of this installation ({exc})"}
     path = default_store_path()
     if path is None:
         return {"runs": [], "store": None, "note": "the run store is switched off (WORKBENCH_STORE=off)"}
-    if not path.exists():
-        return {"runs": [], "store": str(path), "note": "no runs saved yet: `workbench run` and `compare` save here"}
+    if not store_exists(path):
+        return {
+            "runs": [],
+            "store": shown_store(path),
+            "note": "no runs saved yet: `workbench run` and `compare` save here",
+        }
     try:
         with Store(path, create=False) as store:
             rows = store.history(limit=limit)
     except StoreError as exc:
         raise SourceError(500, f"cannot read the run store: {exc}") from None
-    return {"runs": [row.to_dict() for row in rows], "store": str(path), "note": ""}
+    return {"runs": [row.to_dict() for row in rows], "store": shown_store(path), "note": ""}
 
 
 # --- watched jobs --------------------------------------------------------------------
@@ -127,7 +131,7 @@ def list_watched(limit: int) -> dict[str, Any]:
     about once a second to the SQLite file (WAL: readers never block it), and this reads the
     newest rows. No socket from the job to the server, so a dead server costs the job nothing.
     """
-    from workbench.store import Store, StoreError, default_store_path
+    from workbench.store import Store, StoreError, default_store_path, shown_store, store_exists
     from workbench.store.watch_profiles import newest_profiles
     from workbench.store.watched import last_steps, watched_runs
     from workbench.watch.job import job_of, job_steps
@@ -135,8 +139,12 @@ def list_watched(limit: int) -> dict[str, Any]:
     path = default_store_path()
     if path is None:
         return {"jobs": [], "store": None, "note": "the run history is switched off (WORKBENCH_STORE=off)"}
-    if not path.exists():
-        return {"jobs": [], "store": str(path), "note": "no watched job yet: wrap a training loop in wb.watch(...)"}
+    if not store_exists(path):
+        return {
+            "jobs": [],
+            "store": shown_store(path),
+            "note": "no watched job yet: wrap a training loop in wb.watch(...)",
+        }
     try:
         with Store(path, create=False) as store:
             runs = watched_runs(store, limit=limit)
@@ -163,7 +171,7 @@ def list_watched(limit: int) -> dict[str, Any]:
             "profile": _window(windows[run.run_id]) if run.run_id in windows else None,
             "launch": launches.get(run.job) if run.job else None,
         })  # fmt: skip
-    return _finite({"jobs": jobs, "store": str(path), "note": ""})
+    return _finite({"jobs": jobs, "store": shown_store(path), "note": ""})
 
 
 def _launch(job: Any) -> dict[str, Any]:
@@ -189,7 +197,7 @@ def _window(window: Any) -> dict[str, Any]:
 
 def request_watch_profile(run_id: int, steps: int) -> dict[str, Any]:
     """Ask the running watched job of run `run_id` to profile its next `steps` steps (the panel's button)."""
-    from workbench.store import Store, StoreError, default_store_path
+    from workbench.store import Store, StoreError, default_store_path, store_exists
     from workbench.store.watch_profiles import check_steps, request_profile
     from workbench.store.watched import watched_run
 
@@ -198,7 +206,7 @@ def request_watch_profile(run_id: int, steps: int) -> dict[str, Any]:
     except ValueError as exc:
         raise SourceError(400, str(exc)) from None
     path = default_store_path()
-    if path is None or not path.exists():
+    if path is None or not store_exists(path):
         raise SourceError(404, "no run history: there is no watched job to profile")
     try:
         with Store(path, create=False) as store:

@@ -1,4 +1,5 @@
-"""Run history: every finished trial in an embedded SQLite file, and the queries regression checks need.
+"""Run history: every finished trial in an embedded SQLite file (or a team's PostgreSQL database), and
+the queries regression checks need.
 
 `measure` does not know this package (it sits below it); `workbench.api` saves what it
 runs here unless told `store=None`. See `db.py` for the file and its guarantees,
@@ -13,7 +14,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from workbench.store.core import HistoryRow, RunRecorder, Store
-from workbench.store.db import ENV_VAR, StoreError, default_store_path
+from workbench.store.location import (
+    ENV_VAR,
+    StoreError,
+    default_store_path,
+    is_database_url,
+    shown_store,
+    store_exists,
+)
 from workbench.store.records import StoredTrial, config_key, env_key
 from workbench.store.reference import Reference, UnknownReference, parse_reference
 
@@ -31,8 +39,8 @@ StoreArg = Store | str | os.PathLike[str] | _Default | None
 def opened_store(store: StoreArg, *, create: bool = True) -> Iterator[Store | None]:
     """What an API `store=` argument means, opened for the `with` block (and closed if opened here).
 
-    DEFAULT_STORE: the default file, or None when WORKBENCH_STORE=off; None: no store;
-    a path: that file; a Store: itself, left open.
+    DEFAULT_STORE: the default file (or URL), or None when WORKBENCH_STORE=off; None: no store;
+    a path: that file; a postgresql:// URL: that database; a Store: itself, left open.
     """
     if isinstance(store, Store) or store is None:
         yield store
@@ -65,6 +73,9 @@ __all__ = [
     "config_key",
     "default_store_path",
     "env_key",
+    "is_database_url",
     "opened_store",
     "parse_reference",
+    "shown_store",
+    "store_exists",
 ]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -23,7 +22,9 @@ from typing import Any
 from workbench.config import TrainConfig
 from workbench.measure.result import TrialResult
 from workbench.store import records
-from workbench.store.db import connect, default_store_path, explain, write_transaction
+from workbench.store.db import SqliteDatabase
+from workbench.store.location import default_store_path, is_database_url
+from workbench.store.postgres import PostgresDatabase
 from workbench.store.records import StoredTrial
 
 _SELECT_TRIALS = (
@@ -32,6 +33,9 @@ _SELECT_TRIALS = (
 )
 #: Sorts after every string that starts with a given prefix (TEXT compares as UTF-8 bytes).
 _AFTER_ANY_TEXT = "\U0010ffff"
+#: A commit prefix as a range scan on the commit index; byte order, not the server's locale
+#: (PostgreSQL reads BINARY as its "C" collation, `postgres.postgres_sql`).
+_COMMIT_PREFIX = "git_commit COLLATE BINARY >= ? AND git_commit COLLATE BINARY < ?"
 _HISTORY_COLUMNS = (
     "t.id, t.run_id, r.kind, t.label, t.trial_id, t.started_at, t.saved_at, t.workload, t.preset, t.config, "
     "t.git_commit, t.git_dirty, t.device_name, t.host, t.status, t.message, t.median_step_ms, t.iqr_step_ms, "
@@ -84,31 +88,44 @@ class HistoryRow:
 
 
 class Store:
-    """The run history in one SQLite file (default: `default_store_path()`).
+    """The run history in one SQLite file (default: `default_store_path()`), or in a PostgreSQL
+    database when given a `postgresql://` URL (a team's shared history; see `postgres.py`).
 
     Safe to share between threads (one connection behind a lock) and between processes
-    (WAL; writers queue on SQLite's lock). `create=False` refuses a missing file instead
-    of starting a new history, for read-only commands.
+    (SQLite: WAL, writers queue on its lock; PostgreSQL: the server's MVCC). `create=False`
+    refuses a missing file instead of starting a new history, for read-only commands (a server's
+    database must exist either way; an empty one gets the history's tables on first use).
     """
 
+    path: Path | str
+    """The file, or the server's URL without its password: what messages name."""
+
     def __init__(self, path: str | os.PathLike[str] | None = None, *, create: bool = True) -> None:
-        resolved = Path(path).expanduser() if path is not None else default_store_path()
-        if resolved is None:
+        target = path if path is not None else default_store_path()
+        if target is None:
             raise ValueError("the default store is disabled (WORKBENCH_STORE=off); pass a path")
-        self.path = resolved
-        self._conn = connect(self.path, create=create)
-        self._conn.row_factory = sqlite3.Row
+        self._db: SqliteDatabase | PostgresDatabase
+        if is_database_url(target):
+            self._db = PostgresDatabase(str(target).strip(), create=create)
+        else:
+            self._db = SqliteDatabase(Path(target).expanduser(), create=create)
+        self.path = self._db.path
         self._lock = threading.Lock()
         self._wrote = False
 
+    @property
+    def _conn(self) -> Any:
+        """The open connection (sqlite3's, or psycopg's behind the same `?`-placeholder face)."""
+        return self._db.conn
+
+    @property
+    def shared(self) -> bool:
+        """On a database server (PostgreSQL) rather than in a local file."""
+        return isinstance(self._db, PostgresDatabase)
+
     def close(self) -> None:
         with self._lock:
-            try:
-                if self._wrote:  # SQLite's advice on closing: keeps query plans good; a reader leaves the file be
-                    self._conn.execute("PRAGMA optimize")
-            except sqlite3.Error:
-                pass  # closing must not fail on a busy or read-only file
-            self._conn.close()
+            self._db.close(self._wrote)
 
     def __enter__(self) -> Store:
         return self
@@ -197,7 +214,7 @@ class Store:
                                  until=until, environment=environment, run_id=run_id, ok_only=ok_only)  # fmt: skip
         sql = f"{_SELECT_TRIALS} {where} ORDER BY t.id"
         if limit is not None:  # the newest `limit`, still returned oldest first
-            sql = f"SELECT * FROM ({_SELECT_TRIALS} {where} ORDER BY t.id DESC LIMIT ?) ORDER BY id"
+            sql = f"SELECT * FROM ({_SELECT_TRIALS} {where} ORDER BY t.id DESC LIMIT ?) AS newest ORDER BY id"
             params = [*params, int(limit)]
         with self._read() as conn:
             return [_stored(row) for row in conn.execute(sql, params)]
@@ -248,7 +265,7 @@ class Store:
         """Distinct stored commits starting with `prefix` (a range scan on the commit index)."""
         with self._read() as conn:
             rows = conn.execute(
-                "SELECT DISTINCT git_commit FROM trials WHERE git_commit >= ? AND git_commit < ? LIMIT 20",
+                f"SELECT DISTINCT git_commit FROM trials WHERE {_COMMIT_PREFIX} LIMIT 20",
                 (prefix, prefix + _AFTER_ANY_TEXT),
             )
             return [row[0] for row in rows]
@@ -279,33 +296,36 @@ class Store:
     # --- internals ----------------------------------------------------------------
 
     @contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
+    def _read(self) -> Iterator[Any]:
         with self._lock:
             try:
                 yield self._conn
-            except sqlite3.Error as exc:
-                raise explain(exc, self.path) from None
+            except self._db.errors as exc:
+                raise self._db.explain(exc) from None
 
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        with self._lock, write_transaction(self._conn, self.path) as conn:
+    def _write(self) -> Iterator[Any]:
+        with self._lock, self._db.transaction() as conn:
             self._wrote = True
             yield conn
 
-    def _insert_run(self, conn: sqlite3.Connection, kind: str, label: str) -> int:
-        cursor = conn.execute("INSERT INTO runs (kind, label, created_at) VALUES (?, ?, ?)", (kind, label, time.time()))
-        return int(cursor.lastrowid or 0)
+    def _insert_id(self, conn: Any, sql: str, params: Sequence[Any]) -> int:
+        """One INSERT inside `_write()`; the new row's id (on either database)."""
+        return self._db.insert_id(conn, sql, params)
 
-    def _insert_trial(self, conn: sqlite3.Connection, run_id: int, label: str, result: TrialResult) -> int:
+    def _insert_run(self, conn: Any, kind: str, label: str) -> int:
+        sql = "INSERT INTO runs (kind, label, created_at) VALUES (?, ?, ?)"
+        return self._insert_id(conn, sql, (kind, label, time.time()))
+
+    def _insert_trial(self, conn: Any, run_id: int, label: str, result: TrialResult) -> int:
         blob = records.capabilities_blob(result.capabilities)
         if blob is not None:
-            conn.execute("INSERT OR IGNORE INTO capability_sets (key, json) VALUES (?, ?)", blob)
+            conn.execute("INSERT INTO capability_sets (key, json) VALUES (?, ?) ON CONFLICT (key) DO NOTHING", blob)
         row = records.trial_row(result, blob[0] if blob else None)
         row.update(run_id=run_id, label=label, saved_at=time.time())
         names = ", ".join(row)
         marks = ", ".join("?" for _ in row)
-        cursor = conn.execute(f"INSERT INTO trials ({names}) VALUES ({marks})", list(row.values()))
-        return int(cursor.lastrowid or 0)
+        return self._insert_id(conn, f"INSERT INTO trials ({names}) VALUES ({marks})", list(row.values()))
 
 
 class RunRecorder:
@@ -343,7 +363,7 @@ def _filters(**given: Any) -> tuple[str, list[Any]]:
             clauses.append(f"({columns[0]} = ? OR {columns[1]} = ?)")
             params += [given[key], given[key]]
     if given.get("commit") is not None:  # a prefix (or a full sha), as a range scan on the index
-        clauses.append("t.git_commit >= ? AND t.git_commit < ?")
+        clauses.append(_COMMIT_PREFIX.replace("git_commit", "t.git_commit"))
         params += [given["commit"], given["commit"] + _AFTER_ANY_TEXT]
     if given.get("config") is not None:
         clauses.append("t.config_key = ?")
@@ -360,15 +380,15 @@ def _filters(**given: Any) -> tuple[str, list[Any]]:
         params.append(given["until"])
     if given.get("ok_only"):
         clauses.append("t.status = 'ok'")
-    return ("WHERE " + " AND ".join(clauses) if clauses else "WHERE 1"), params
+    return ("WHERE " + " AND ".join(clauses) if clauses else "WHERE 1 = 1"), params
 
 
-def _stored(row: sqlite3.Row) -> StoredTrial:
+def _stored(row: Any) -> StoredTrial:
     capabilities = json.loads(row["capabilities"]) if row["capabilities"] else None
     return records.stored_trial(row, capabilities)
 
 
-def _history_row(row: sqlite3.Row) -> HistoryRow:
+def _history_row(row: Any) -> HistoryRow:
     return HistoryRow(
         id=row["id"], run_id=row["run_id"], kind=row["kind"], label=row["label"], trial_id=row["trial_id"],
         started_at=row["started_at"], saved_at=row["saved_at"], workload=row["workload"], preset=row["preset"],

@@ -12,45 +12,26 @@ WAL needs a local filesystem (not NFS): keep the store on local disk.
 
 from __future__ import annotations
 
-import os
+import contextlib
 import shutil
 import sqlite3
-import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from workbench.store import schema
+from workbench.store.location import (  # noqa: F401  (imported from here by callers)
+    DISABLED_VALUES,
+    ENV_VAR,
+    StoreError,
+    default_store_path,
+    user_data_dir,
+)
 
-ENV_VAR = "WORKBENCH_STORE"
-#: Values of WORKBENCH_STORE that turn default saving off.
-DISABLED_VALUES = ("off", "none", "false", "0")
 #: How long a writer waits for another writer's transaction (a trial's rows take milliseconds).
 BUSY_TIMEOUT_S = 30.0
-
-
-class StoreError(Exception):
-    """The run history cannot be used; the message names the file and what to do."""
-
-
-def default_store_path() -> Path | None:
-    """$WORKBENCH_STORE, else `<user data dir>/workbench/history.sqlite`; None when WORKBENCH_STORE=off."""
-    value = os.environ.get(ENV_VAR, "").strip()
-    if value.lower() in DISABLED_VALUES:
-        return None
-    if value:
-        return Path(value).expanduser()
-    return user_data_dir() / "workbench" / "history.sqlite"
-
-
-def user_data_dir() -> Path:
-    """The platform's per-user data folder (XDG on Linux), without a dependency for it."""
-    if sys.platform == "darwin":
-        return Path.home() / "Library" / "Application Support"
-    if os.name == "nt":
-        return Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
-    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
 
 
 def connect(path: Path, *, create: bool = True) -> sqlite3.Connection:
@@ -265,3 +246,32 @@ def _keep_copy(conn: sqlite3.Connection, path: Path, version: int) -> None:
     finally:
         target.close()
     shutil.move(str(partial), backup)
+
+
+class SqliteDatabase:
+    """The SQLite file as the `Store` uses it: one connection, its write transaction, its errors explained."""
+
+    errors: tuple[type[Exception], ...] = (sqlite3.Error,)
+
+    def __init__(self, path: Path, *, create: bool) -> None:
+        self.path = path
+        self.conn = connect(path, create=create)
+        self.conn.row_factory = sqlite3.Row
+
+    def transaction(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return write_transaction(self.conn, self.path)
+
+    def explain(self, exc: Exception) -> StoreError:
+        return explain(exc, self.path) if isinstance(exc, sqlite3.Error) else StoreError(str(exc))
+
+    def insert_id(self, conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> int:
+        """Run one INSERT and return the new row's id."""
+        return int(conn.execute(sql, params).lastrowid or 0)
+
+    def close(self, wrote: bool) -> None:
+        try:
+            if wrote:  # SQLite's advice on closing: keeps query plans good; a reader leaves the file be
+                self.conn.execute("PRAGMA optimize")
+        except sqlite3.Error:
+            pass  # closing must not fail on a busy or read-only file
+        self.conn.close()

@@ -12,7 +12,7 @@ from workbench.store.records import StoredTrial
 from workbench.textfmt import format_ms, table
 
 
-def format_history(rows: Sequence[HistoryRow], path: Path) -> str:
+def format_history(rows: Sequence[HistoryRow], path: Path | str) -> str:
     if not rows:
         return f"no stored trials match (history: {path})"
     body = [

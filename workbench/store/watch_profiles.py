@@ -38,11 +38,11 @@ def request_profile(store: Store, run_id: int, steps: int) -> int:
     """Ask the job writing run `run_id` to profile its next `steps` steps; returns the request's id."""
     check_steps(steps)
     with store._write() as conn:
-        cursor = conn.execute(
+        return store._insert_id(
+            conn,
             "INSERT INTO watch_profiles (run_id, steps, status, requested_at) VALUES (?, ?, 'requested', ?)",
             (run_id, steps, time.time()),
         )
-        return int(cursor.lastrowid or 0)
 
 
 def take_request(store: Store, run_id: int) -> tuple[int, int] | None:
@@ -70,12 +70,12 @@ def save_profile(
     values = (status, first_step, last_step, message, _dumps(diagnosis), _dumps(profile))
     with store._write() as conn:
         if request_id is None:
-            cursor = conn.execute(
+            return store._insert_id(
+                conn,
                 "INSERT INTO watch_profiles (run_id, steps, status, requested_at, first_step, last_step, message, "
                 "diagnosis, profile) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (run_id, steps, *values[:1], time.time(), *values[1:]),
             )
-            return int(cursor.lastrowid or 0)
         conn.execute(
             "UPDATE watch_profiles SET status = ?, first_step = ?, last_step = ?, message = ?, diagnosis = ?, "
             "profile = ? WHERE id = ?",

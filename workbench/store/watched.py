@@ -198,7 +198,7 @@ def watched_runs(
     before_run: int | None = None, job: str | None = None, limit: int | None = 50, now: float | None = None,
 ) -> list[WatchedRun]:  # fmt: skip
     """Watched runs newest first, each with its state decided at `now` (default: now); filters combine with AND."""
-    clauses, params = ["1"], []
+    clauses, params = ["1 = 1"], []
     for clause, value in (("name = ?", name), ("git_commit LIKE ? || '%'", commit), ("started_at >= ?", since),
                           ("run_id < ?", before_run), ("job = ?", job)):  # fmt: skip
         if value is not None:
@@ -268,9 +268,10 @@ def _upsert(conn: Any, run_id: int, recent: int, rows: Sequence[StepRow]) -> Non
     if not rows:
         return
     names = ("first_step", "steps", *STEP_FIELDS)
+    updates = ", ".join(f"{n} = excluded.{n}" for n in names[1:])
     conn.executemany(
-        f"INSERT OR REPLACE INTO watch_steps (run_id, recent, {', '.join(names)}) "
-        f"VALUES (?, ?, {', '.join('?' for _ in names)})",
+        f"INSERT INTO watch_steps (run_id, recent, {', '.join(names)}) VALUES (?, ?, {', '.join('?' for _ in names)}) "
+        f"ON CONFLICT (run_id, recent, first_step) DO UPDATE SET {updates}",
         [(run_id, recent, *(getattr(r, n) for n in names)) for r in rows],
     )
 

@@ -47,6 +47,10 @@ class TuneResult:
     """The sampler's seed: the same inputs and seed give the same sequence of proposals."""
     recommended: Recommended | None = None
     """The diagnosis's recommendations, measured first: one protocol rung, the verified ones combined."""
+    shared_study: str | None = None
+    """The shared study's name, when this process searched as one of several (`study.py`)."""
+    study_verdict: dict[str, Any] | None = None
+    """A shared study's verdict ('best', 'stop_reason', 'rungs'), as the one process that verified stored it."""
 
     @property
     def tied(self) -> bool:
@@ -68,8 +72,8 @@ class TuneResult:
         from workbench.tune.verify import row_dict
 
         final = self._last_complete_rung()
-        if final is None:
-            return None
+        if final is None:  # a process of a shared study that another process verified for
+            return dict(self.study_verdict["best"]) if self.study_verdict and self.study_verdict["best"] else None
         index = final.winner
         is_winner = index is not None
         if index is None:
@@ -145,7 +149,10 @@ class TuneResult:
             "rungs": [r.to_dict() for r in self.rungs],
             "seeds": self.seeds,
             "seed": self.seed,
-            "sampler": f"optuna TPESampler(seed={self.seed})",
+            "sampler": f"optuna TPESampler(seed={self.seed})"
+            if self.shared_study is None
+            else f"optuna TPESampler(constant_liar, a seed per process) on the shared study '{self.shared_study}'",
+            "shared_study": self.shared_study,
             "tied": self.tied,
             "recommended": self.recommended.to_dict() if self.recommended is not None else None,
             "largest_batch": self.largest_batch,
@@ -155,6 +162,7 @@ class TuneResult:
             "stop_reason": self.stop_reason,
             "run_id": self.run_id,
             "notes": self.notes,
+            "study_verdict": self.study_verdict,
         }
 
 

@@ -8,12 +8,13 @@ is never retried, and a combination `TrainConfig` refuses is never run nor count
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,6 +22,9 @@ from workbench.config import ConfigError, TrainConfig
 from workbench.measure import StepMeasured, TrialResult
 from workbench.tune.objective import Objective, Outcome, judge, memory_refusal
 from workbench.tune.space import SearchSpace
+
+if TYPE_CHECKING:
+    from workbench.tune.study import SharedStudy
 
 PRUNE_PERCENTILE = 75.0
 """Keep trials whose running cost is within the best 75% at the same step; prune the rest."""
@@ -68,11 +72,21 @@ class TunedTrial:
 class Screening:
     """The Optuna study over `space`, asked and told one configuration at a time."""
 
-    def __init__(self, space: SearchSpace, baseline: TrainConfig, baseline_result: TrialResult, objective: Objective,
-                 measure: Callable[[TrainConfig, Any, threading.Event], TrialResult],
-                 estimate: Callable[[TrainConfig], int | None] | None = None, *, seed: int = 0,
-                 samples_of: Callable[[TrainConfig], int] = lambda c: 1, device: Any = None,
-                 user_cancel: threading.Event | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        space: SearchSpace,
+        baseline: TrainConfig,
+        baseline_result: TrialResult,
+        objective: Objective,
+        measure: Callable[[TrainConfig, Any, threading.Event], TrialResult],
+        estimate: Callable[[TrainConfig], int | None] | None = None,
+        *,
+        seed: int = 0,
+        samples_of: Callable[[TrainConfig], int] = lambda c: 1,
+        device: Any = None,
+        user_cancel: threading.Event | None = None,
+        shared: SharedStudy | None = None,
+    ) -> None:
         try:
             import optuna
         except ImportError:  # optional at the edge: the rest of the workbench runs without it
@@ -82,16 +96,15 @@ class Screening:
         self.space, self.baseline, self.baseline_result, self.objective = space, baseline, baseline_result, objective
         self.measure, self.estimate, self.samples_of = measure, estimate, samples_of
         self.device, self.user_cancel = device, user_cancel or threading.Event()
-        self.distributions: dict[str, Any] = {
-            n: optuna.distributions.CategoricalDistribution(v) for n, v in space.searched.items()
-        }
-        self.study = optuna.create_study(
-            direction="minimize",
-            sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(3, len(self.distributions)))),
-            pruner=optuna.pruners.PercentilePruner(
-                PRUNE_PERCENTILE, n_startup_trials=PRUNE_STARTUP_TRIALS, n_warmup_steps=PRUNE_WARMUP_STEPS
-            ),
-        )
+        self.distributions: dict[str, Any] = distributions_of(space)
+        self.shared = shared
+        """A study shared with other processes (`study.py`), else this process's own in memory."""
+        if shared is not None:
+            self.study = shared.study
+        else:
+            self.study = optuna.create_study(
+                direction="minimize", sampler=make_sampler(space, seed), pruner=make_pruner()
+            )
         self.trials: list[TunedTrial] = []
         self.known: dict[str, TunedTrial] = {}
         self.refused: dict[str, str] = {}
@@ -117,10 +130,7 @@ class Screening:
             return None
         outcome = judge(result, self.baseline_result, self.objective)
         trial = self._record(config, params, stage, outcome, result, resumed=resumed)
-        searched = {n: params[n] for n in self.distributions}
-        self.study.add_trial(self.optuna.trial.create_trial(
-            params=searched, distributions=self.distributions, value=outcome.cost_ms if outcome.feasible else None,
-            state=_state(self.optuna, outcome)))  # fmt: skip
+        self.study.add_trial(study_trial(self.optuna, self.distributions, params, outcome))
         return trial
 
     def enqueue(self, changes: dict[str, Any]) -> bool:
@@ -144,7 +154,10 @@ class Screening:
 
     def step(self, stage: str = "screen") -> TunedTrial | None:
         """Ask for a configuration and measure it; None when it was a repeat or refused (not counted)."""
-        trial = self.study.ask({n: d for n, d in self.distributions.items() if n not in self.pinned})
+        if self.shared is not None:
+            self.shared.fail_stale()
+        wanted = {n: d for n, d in self.distributions.items() if n not in self.pinned}
+        trial, repeat_of = self.shared.ask(wanted) if self.shared else (self.study.ask(wanted), None)
         params = {**{n: v[0] for n, v in self.space.values.items()}, **trial.params, **self.pinned}
         try:
             config = self.space.config(self.baseline, params)
@@ -162,6 +175,11 @@ class Screening:
             self.study.tell(trial, value, state=_state(self.optuna, Outcome(known.status, value)))
             self.repeats += 1
             return None
+        if repeat_of is not None:  # another process of the shared study has it
+            trial.set_user_attr("repeat_of", repeat_of)
+            self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
+            self.repeats += 1
+            return None
         self.repeats = 0
         estimated = self.estimate(config) if self.estimate is not None else None
         refusal = memory_refusal(estimated, self.objective, estimated=True)
@@ -170,11 +188,21 @@ class Screening:
             return self._record(config, params, stage, Outcome("over-memory", None, refusal + " (not run)"), None,
                                 estimated=estimated)  # fmt: skip
         on_event, cancel, pruned = self._pruning(trial, config)
-        result = self.measure(config, on_event, cancel)
+        with self.shared.beating(trial) if self.shared is not None else contextlib.nullcontext():
+            result = self.measure(config, on_event, cancel)
         if pruned:
             result.message = f"pruned after {pruned[0]} timed steps: {PRUNED_WHY}"
         outcome = judge(result, self.baseline_result, self.objective)
-        self.study.tell(trial, outcome.cost_ms if outcome.feasible else None, state=_state(self.optuna, outcome))
+        if self.shared is not None:
+            self.shared.tell(
+                trial,
+                outcome.cost_ms if outcome.feasible else None,
+                _state(self.optuna, outcome),
+                _figures(result, outcome),
+                result,
+            )
+        else:
+            self.study.tell(trial, outcome.cost_ms if outcome.feasible else None, state=_state(self.optuna, outcome))
         return self._record(config, params, stage, outcome, result, estimated=estimated)
 
     def run_config(self, config: TrainConfig, stage: str, *, fresh: bool = False) -> TunedTrial:
@@ -194,6 +222,29 @@ class Screening:
                 params=searched, distributions=self.distributions,
                 value=outcome.cost_ms if outcome.feasible else None, state=_state(self.optuna, outcome)))  # fmt: skip
         return trial
+
+    def adopt_shared(self) -> int:
+        """Take in the trials other processes of the shared study measured (for the verification's
+        ranking); they are marked resumed, so this process never stores them again. How many."""
+        if self.shared is None:
+            return 0
+        adopted = 0
+        finished = (self.optuna.trial.TrialState.COMPLETE,)
+        for other in self.study.get_trials(deepcopy=False, states=finished):
+            figures = other.user_attrs.get("figures")
+            if figures is None or "repeat_of" in other.user_attrs:
+                continue
+            params = {**{n: v[0] for n, v in self.space.values.items()}, **other.params}
+            config = self.space.config(self.baseline, params)
+            if _key(config) in self.known:
+                continue
+            outcome = Outcome(figures["status"], other.value, figures["reason"])
+            trial = self._record(config, params, "screen", outcome, None, resumed=True)
+            trial.median_step_ms, trial.peak_memory_bytes = figures["median_step_ms"], figures["peak_memory_bytes"]
+            trial.samples_per_step, trial.wall_time_s = figures["samples_per_step"], figures["wall_time_s"]
+            trial.trial_id = figures["trial_id"]
+            adopted += 1
+        return adopted
 
     @property
     def exhausted(self) -> bool:
@@ -245,6 +296,52 @@ class Screening:
         if self.space.params_of(config) is not None:
             self.in_space.add(_key(config))
         return trial
+
+
+def distributions_of(space: SearchSpace) -> dict[str, Any]:
+    import optuna
+
+    return {n: optuna.distributions.CategoricalDistribution(v) for n, v in space.searched.items()}
+
+
+def make_sampler(space: SearchSpace, seed: int | None, *, shared: bool = False) -> Any:
+    """TPE over the space's categorical fields. Shared by several processes, it treats the trials still
+    running as if they had the worst value seen (constant liar), so it does not hand them out again."""
+    import optuna
+
+    startup = min(10, max(3, len(space.searched)))
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, constant_liar=shared)
+
+
+def make_pruner() -> Any:
+    import optuna
+
+    return optuna.pruners.PercentilePruner(
+        PRUNE_PERCENTILE, n_startup_trials=PRUNE_STARTUP_TRIALS, n_warmup_steps=PRUNE_WARMUP_STEPS
+    )
+
+
+def study_trial(optuna: Any, distributions: dict[str, Any], params: dict[str, Any], outcome: Outcome) -> Any:
+    """A trial measured outside `ask` (the baseline, a replayed one) as the study records it."""
+    searched = {n: params[n] for n in distributions}
+    return optuna.trial.create_trial(
+        params=searched,
+        distributions=distributions,
+        value=outcome.cost_ms if outcome.feasible else None,
+        state=_state(optuna, outcome),
+    )
+
+
+def _figures(result: TrialResult, outcome: Outcome) -> dict[str, Any]:
+    return {
+        "status": outcome.status,
+        "reason": outcome.reason,
+        "median_step_ms": result.median_step_ms,
+        "peak_memory_bytes": result.peak_memory_bytes,
+        "samples_per_step": result.samples_per_step,
+        "wall_time_s": result.wall_time_s,
+        "trial_id": result.trial_id,
+    }
 
 
 def _state(optuna: Any, outcome: Outcome) -> Any:

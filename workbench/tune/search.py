@@ -13,8 +13,10 @@ Every trial is saved to one "tune" run as it ends, which is what `resume=True` c
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,11 +30,12 @@ from workbench.store import DEFAULT_STORE, StoreArg
 from workbench.trials import run_trial
 from workbench.tune import record as rec
 from workbench.tune.loader_settle import LOADER_FIELDS, settled_by_trial
-from workbench.tune.objective import DEFAULT_PLANNED_STEPS, Objective, choose_kind, cost_ms
+from workbench.tune.objective import DEFAULT_PLANNED_STEPS, Objective, choose_kind, cost_ms, judge
 from workbench.tune.recommended import Recommended, combine, recommended_configs, verified_faster
 from workbench.tune.result import TuneResult
-from workbench.tune.screening import Screening, TunedTrial
+from workbench.tune.screening import Screening, TunedTrial, distributions_of, make_pruner, make_sampler, study_trial
 from workbench.tune.space import SearchSpace, check_space, default_space, user_space
+from workbench.tune.study import SharedStudy
 from workbench.tune.verify import MAX_CONTENDERS, measure_rung, rung_budget, survivors, with_budget
 from workbench.workloads import Workload, load_workload
 
@@ -80,6 +83,8 @@ def tune(
     seed_from_diagnosis: bool = True,
     cancel: threading.Event | None = None,
     on_update: Update | None = None,
+    storage: str | None = None,
+    study: str | None = None,
     **trial_options: Any,
 ) -> TuneResult:
     """Search `space` (default: every lever this device can run) for the configuration with the
@@ -88,7 +93,12 @@ def tune(
     `space`: a SearchSpace, or a dict of field -> list of values (the whole space; fields not
     named stay at the baseline's values). `objective`: 'throughput' (per sample; the default
     when batch sizes vary) or 'step-time'. `global_batch` keeps batch_size × grad_accumulation
-    fixed. Input errors raise ConfigError before any trial; a trial's crash never ends the search."""
+    fixed. Input errors raise ConfigError before any trial; a trial's crash never ends the search.
+
+    `storage` (a postgresql:// URL) and `study` (a name): join the study that every process given
+    the same two shares, on this machine or others (`study.py`): each measures the sampler's next
+    proposal on its own device, the baseline and the verification run once, and the verdict is kept
+    in the study. `resume` then means: the study must exist already."""
     began = time.monotonic()
     cancel = cancel or threading.Event()
     baseline = baseline or TrainConfig()
@@ -108,12 +118,20 @@ def tune(
     protocol = protocol or Protocol()
     window = dict(warmup=warmup, steps=steps, device=device, preset=preset, **trial_options)
     identity = _identity(workload, wl, preset, device, window, space, goal, baseline, seed)
-    record = rec.TuneRecord(store, identity, resume=resume)
+    if storage is None and study is not None:
+        raise ConfigError("--study names a shared study: give its --storage postgresql://... too")
+    shared = _shared_study(storage, study, identity, space, resume, seed) if storage is not None else None
+    record = rec.TuneRecord(store, identity, resume=resume and shared is None)
     try:
         search = _Search(wl, baseline, space, goal, protocol, window, record, cancel, on_update or (lambda u: None))
+        search.shared = shared
         return search.run(began, budget_s, valid, seed=seed, seed_from_diagnosis=seed_from_diagnosis)
     finally:
-        record.close()
+        try:
+            record.close()
+        finally:
+            if shared is not None:
+                shared.close()
 
 
 class _Search:
@@ -127,6 +145,7 @@ class _Search:
         self.durations: list[float] = []
         self.notes: list[str] = []
         self.estimates: dict[str, int | None] = {}
+        self.shared: SharedStudy | None = None
 
     def run(
         self, began: float, budget_s: float, valid: int | None, *, seed: int, seed_from_diagnosis: bool
@@ -145,9 +164,22 @@ class _Search:
                 f"a budget of {budget_s:g} s is too small for even one round: the baseline trial alone took "
                 f"{self.durations[0]:.0f} s; give at least {self.durations[0] / BASELINE_SHARE:.0f} s"
             )
-        screening = Screening(self.space, self.baseline, base, self.goal, self._measure, self._estimator(), seed=seed,
-                              samples_of=self._samples, device=self.window["device"], user_cancel=self.cancel)  # fmt: skip
+        screening = Screening(
+            self.space,
+            self.baseline,
+            base,
+            self.goal,
+            self._measure,
+            self._estimator(),
+            seed=seed,
+            samples_of=self._samples,
+            device=self.window["device"],
+            user_cancel=self.cancel,
+            shared=self.shared,
+        )
         result.screening = screening
+        if self.shared is not None:  # the shared study holds the baseline's trial; no diagnosis seeds
+            return self._run_shared(screening, base, result, valid)
         screening.replay(base, rec.BASELINE, resumed=bool(self.record.previous))
         for label, stored in self.record.previous:
             if label in (rec.SCREEN, rec.VERIFY_BATCH) and screening.replay(stored, label) is not None:
@@ -168,14 +200,56 @@ class _Search:
 
     # --- stages -----------------------------------------------------------------------------
 
+    def _run_shared(self, screening: Screening, base: TrialResult, result: TuneResult, valid: int | None) -> TuneResult:
+        """A process of a shared study: screen until its share of the budget or the verification
+        starts, then the verification (if no other process has it) or the study's verdict."""
+        assert self.shared is not None
+        result.shared_study = self.shared.name
+        self._screen(screening, valid)
+        result.stop_reason = "cancelled" if self.cancel.is_set() else ""
+        if not self.cancel.is_set():
+            with self.shared.only_one("verification"):
+                verdict = self.shared.attr("verdict")
+                if verdict is None:
+                    self.shared.study.set_user_attr("verifying", True)  # the others stop screening
+                    self.shared.wait_until_idle(max(0.0, self.budget_s - (time.monotonic() - self.began)))
+                    screening.adopt_shared()
+                    self._verify(screening, base, result)
+                    verdict = {
+                        "best": result.best(),
+                        "stop_reason": result.stop_reason,
+                        "rungs": [r.to_dict() for r in result.rungs],
+                        "run_id": self.record.run_id,
+                    }
+                    self.shared.set_verdict(json.loads(json.dumps(verdict, default=str)))
+            result.study_verdict = verdict
+            result.stop_reason = result.stop_reason or verdict["stop_reason"]
+        return self._finish(result)
+
     def _baseline(self, profiled: bool) -> TrialResult:
         stored = [r for label, r in self.record.previous if label == rec.BASELINE and r.ok]
         if stored:
             return stored[0]
-        result = self._measure(self.baseline, None, self.cancel, profile=SEED_PROFILE if profiled else False)
+        if self.shared is not None:
+            result, measured = self.shared.baseline(lambda: self._shared_baseline(profiled))
+            if not measured:
+                return result
+        else:
+            result = self._measure(self.baseline, None, self.cancel, profile=SEED_PROFILE if profiled else False)
         self.record.save(result, rec.BASELINE)
         self.emit({"event": "baseline", "trial": {"config": result.config, "status": result.status,
                    "median_step_ms": result.median_step_ms, "peak_memory_bytes": result.peak_memory_bytes}})  # fmt: skip
+        return result
+
+    def _shared_baseline(self, profiled: bool) -> TrialResult:
+        """Measured by the first process of a shared study, and added to it as its first trial (so no
+        process measures the baseline's configuration again as a proposal)."""
+        assert self.shared is not None
+        result = self._measure(self.baseline, None, self.cancel, profile=SEED_PROFILE if profiled else False)
+        params = self.space.params_of(self.baseline)
+        if result.ok and params is not None:
+            outcome = judge(result, result, self.goal)
+            self.shared.study.add_trial(study_trial(self.shared.optuna, distributions_of(self.space), params, outcome))
         return result
 
     def _queued(self, screening: Screening, base: TrialResult) -> list[dict[str, Any]]:
@@ -279,6 +353,8 @@ class _Search:
         deadline = self.began + SCREEN_SHARE * self.budget_s
         while not self.cancel.is_set() and not screening.exhausted:
             if valid is not None and len(screening.in_space) >= valid:
+                break
+            if self.shared is not None and self.shared.attr("verifying"):
                 break
             typical = float(np.median(self.durations)) if self.durations else 0.0
             if time.monotonic() + typical > deadline:
@@ -465,6 +541,22 @@ def _check_memory_floor(workload: Workload, max_memory_bytes: int) -> None:
             f"({format_bytes(params)}); training needs roughly 4x that (parameters, gradients, optimizer state, "
             "activations): raise --max-memory or choose a smaller preset"
         )
+
+
+def _shared_study(
+    storage: str, name: str | None, identity: dict[str, Any], space: SearchSpace, resume: bool, seed: int
+) -> SharedStudy:
+    """Join (or start) the shared study. The question must match; the device must be the same kind
+    (its name, from the device facts); each process samples with its own seed (one seed in every
+    process would propose one sequence to all of them)."""
+    from workbench.device import device_info, resolve_device
+
+    dev = resolve_device(identity["device"])
+    kind = f"{dev.type}: {device_info(dev).name}"
+    question = {k: v for k, v in identity.items() if k not in ("device", "seed")}
+    own_seed = seed * 1_000_003 + uuid.uuid4().int % 1_000_000
+    sampler = make_sampler(space, own_seed, shared=True)
+    return SharedStudy(storage, name or "", question, kind, resume=resume, sampler=sampler, pruner=make_pruner())
 
 
 def _identity(workload: Any, wl: Workload, preset: str, device: Any, window: dict[str, Any], space: SearchSpace,

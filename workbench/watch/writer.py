@@ -16,7 +16,6 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -180,7 +179,7 @@ class Writer:
         arg = self._store_arg
         if isinstance(arg, Store) or arg is None:
             return arg
-        path = default_store_path() if arg is DEFAULT_STORE else Path(arg)  # type: ignore[arg-type]
+        path = default_store_path() if arg is DEFAULT_STORE else arg
         if path is None:
             return None
         try:
