@@ -6,9 +6,12 @@ Runs `run_comparison` at the protocol's defaults, N times each:
 - A/B: the candidate pays a known extra CPU cost per sample (`sample_cost_ms`, num_workers=0, so
   it lands in the step) sized to slow the step by `--slowdown` (default 10%). Target: called
   "slower" at least 9 in 10; the interval should cover the true ratio, base ÷ (base + batch × cost).
-  The busy loop ends at a wall-clock deadline, so its cost is exact; the base is measured: each
-  kept round's baseline median step, from the rounds themselves (the trial that characterized the
-  baseline before the rounds ran at a different pace here — 1–4% off — which is not the protocol's error).
+  The busy loop ends at a wall-clock deadline, so its own cost is exact; the base is each kept
+  round's baseline median, the pace the rounds ran at (the nominal figure, from the trial that
+  characterized the baseline, is printed beside it). Neither is yet a measured truth of the whole
+  effect: here the estimates lay 1-4% below both, the step slowing by more than the loop's own
+  wall time (cause not established), so coverage below 9 in 10 may be the injection's, not the
+  interval's.
 Also prints seconds per comparison (target ≤ 60 s), the noise each comparison reported, the
 half-width the A/A comparisons reached and, from it, the time ±3% would take (half-widths shrink
 as 1/√rounds, so seconds × (half-width / 0.03)²: an extrapolation, labelled as one). `--design`
