@@ -24,6 +24,13 @@ from workbench.store import Store
 EXTERNAL_RESOURCE = re.compile(r"""<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)\s*=\s*["']?(?:https?:)?//""", re.I)
 
 
+@pytest.fixture
+def history_target(tmp_path: Path) -> str:
+    """The regression fixture's history in a SQLite file: the report is what these tests check, not the
+    store's backend (`test_regress` runs the same history on both)."""
+    return str(tmp_path / "history.sqlite")
+
+
 def assert_standalone(html: str) -> None:
     assert not EXTERNAL_RESOURCE.search(html), "a resource would be fetched from the network"
     assert "Bokeh.embed.embed_items" in html and "cdn.bokeh.org" not in html  # BokehJS itself is inline
@@ -149,3 +156,22 @@ def test_the_report_holds_a_comparisons_table_an_op_diff_ranks_and_the_data_pipe
     assert row.split("  ")[0] in data and "faster" in data
     assert "aten::relu" in data and "cpp_fused_relu_0" in data
     assert "rank 2 (straggler)" in data and "not measured" in data
+
+
+def test_the_old_text_module_path_warns_forwards_and_leaves_wb_report_callable(
+    repeated_history: Store,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """`workbench.report` held the terminal's text helpers until they moved to `workbench.terminal`:
+    the old import still works for one release, with a warning, and importing it (which binds the
+    package's `report` to the module) does not take `wb.report(...)` away."""
+    import sys
+
+    from workbench import terminal
+
+    sys.modules.pop("workbench.report", None)
+    with pytest.warns(DeprecationWarning, match="workbench.report is deprecated: import from workbench.terminal"):
+        from workbench.report import run_summary, verdict_text
+    assert run_summary is terminal.run_summary and verdict_text is terminal.verdict_text
+    path = wb.report(tmp_path / "after-import.html", store=repeated_history, workload="bev-perception")
+    assert_standalone(path.read_text())
