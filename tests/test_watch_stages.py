@@ -26,19 +26,21 @@ BATCH = 2
 STEPS = 8
 
 JOB = """
-import sys, time, torch
+import os, sys, time, torch
 import workbench as wb
 
 SLEEP_S, WORKERS, BATCH, STEPS = float(sys.argv[2]) / 1000, int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+EPOCHS = 2
 
 
 class Frames(torch.utils.data.Dataset):
     def __len__(self):
-        return BATCH * STEPS
+        return BATCH * STEPS // EPOCHS
 
     def __getitem__(self, index):
         with wb.stage("read"):
             raw = torch.full((16,), float(index))
+            raw[1] = os.getpid()  # which process made it
         with wb.stage("decode"):
             time.sleep(SLEEP_S)  # the injected, known cost
         with wb.stage("transform"):
@@ -48,19 +50,24 @@ class Frames(torch.utils.data.Dataset):
 if __name__ == "__main__":
     model = torch.nn.Linear(16, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = torch.utils.data.DataLoader(Frames(), batch_size=BATCH, num_workers=WORKERS)
+    loader = torch.utils.data.DataLoader(
+        Frames(), batch_size=BATCH, num_workers=WORKERS, persistent_workers=WORKERS > 0
+    )
     with wb.watch(model, opt, name="staged", store=sys.argv[1], flush_s=0.2, warmup=1) as w:
-        seen = []
-        for batch in w.batches(loader):
-            seen.append(batch[0, 0].item())
-            loss = model(batch).pow(2).mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            w.step(loss=loss)
-    # the loop got the user's own batches, in order, and the user's loader is untouched
-    assert seen == [float(i * BATCH) * 0.5 for i in range(STEPS)], seen
-    assert next(iter(loader)).shape == (BATCH, 16)
+        seen, makers = [], set()
+        for epoch in range(EPOCHS):
+            for batch in w.batches(loader):
+                seen.append(batch[0, 0].item())
+                makers.add(batch[0, 1].item())
+                loss = model(batch).pow(2).mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                w.step(loss=loss)
+    # the loop got the user's own batches, in order, each epoch from the same (persistent) workers
+    assert seen == [float(i * BATCH) * 0.5 for i in range(STEPS // EPOCHS)] * EPOCHS, seen
+    assert len(makers) == 1, makers
+    assert next(iter(loader)).shape == (BATCH, 16)  # the user's loader is left as it was
 """
 
 

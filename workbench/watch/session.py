@@ -185,10 +185,12 @@ class Watch:
 
     def _carrying_stages(self, iterable: Iterable[Any]) -> Iterable[Any]:
         kept = self._loaders.get(id(iterable))
-        if kept is None or kept[0] is not iterable:
-            kept = (iterable, carrying_stages(iterable))
-            self._loaders[id(iterable)] = kept
-        return kept[1]
+        if kept is not None and kept[0] is iterable:
+            return kept[1]
+        carrying = carrying_stages(iterable)
+        if carrying is not iterable:  # only copies are kept: a generator per epoch is not held on to
+            self._loaders[id(iterable)] = (iterable, carrying)
+        return carrying
 
     def _add_stages(self, ms: dict[str, float]) -> None:
         for name, value in ms.items():
