@@ -73,6 +73,32 @@ def test_normalized_on_the_device_the_images_equal_the_float_paths(tmp_path: Pat
         torch.testing.assert_close(on_device[name], floats[name])
 
 
+def test_a_prepared_batch_prepared_again_is_not_normalized_twice(tmp_path: Path) -> None:
+    """The timed fetches and the ideal loader's staged batches reach the step's own preparation again."""
+    workload = _camera_workload(tmp_path)
+    config = wb.TrainConfig(uint8_images=True)
+    step = build(workload, config, "cpu")
+    raw = next(workload.batches(config))
+    kept = raw["images"].clone()
+    once = step.prepare_batch(raw)
+    normalized = once["images"].clone()
+    twice = step.prepare_batch(once)
+    torch.testing.assert_close(twice["images"], normalized, atol=0, rtol=0)
+    torch.testing.assert_close(once["images"], normalized, atol=0, rtol=0)  # nor changed in place
+    assert torch.equal(raw["images"], kept)  # the loader's batch itself is left as it was
+
+
+def test_the_ideal_loader_feeds_the_same_uint8_batches_as_the_loader(tmp_path: Path) -> None:
+    """Staged batches are prepared before the window and again in it: normalized once, they give the
+    loader's losses exactly for the batches both use (the first two; then staging cycles back)."""
+    workload = _camera_workload(tmp_path)
+    config = wb.TrainConfig(uint8_images=True)
+    staged = wb.run_trial(workload, config, steps=2, warmup=1, staged_batches=2, isolation="inline")
+    loaded = wb.run_trial(workload, config, steps=2, warmup=1, isolation="inline")
+    assert staged.ok and loaded.ok, (staged.message, loaded.message)
+    assert staged.losses[:2] == loaded.losses[:2]
+
+
 def test_a_workload_without_a_uint8_path_refuses_it() -> None:
     workload = wb.load_workload("bev-perception")  # rendered float images, no files to decode
     with pytest.raises(WorkloadError, match="has no uint8 path for its images"):

@@ -216,5 +216,11 @@ def to_uint8(images: torch.Tensor) -> torch.Tensor:
 
 
 def normalize_on_device(batch: Sample) -> Sample:
-    """A batch of uint8 camera images, already on the device → the float path's normalized images."""
-    return {**batch, "images": normalize(batch["images"].float().div_(255.0))}
+    """A batch of uint8 camera images, already on the device → the float path's normalized images.
+
+    Images already float are left as they are: a prepared batch may be prepared again (the trial's
+    timed fetches and staged batches are), and must not be normalized twice."""
+    images = batch["images"]
+    if images.dtype != torch.uint8:
+        return batch
+    return {**batch, "images": normalize(images.float().div_(255.0))}  # a new tensor: the input stays
