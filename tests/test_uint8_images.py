@@ -99,6 +99,30 @@ def test_the_ideal_loader_feeds_the_same_uint8_batches_as_the_loader(tmp_path: P
     assert staged.losses[:2] == loaded.losses[:2]
 
 
+def test_the_exported_snippet_trains_on_uint8_batches_as_the_trial_does(tmp_path: Path) -> None:
+    """The snippet's train_step, on the loader's uint8 batch, gives the workbench step's loss."""
+    from workbench.export import to_snippet
+    from workbench.workloads.bev import bev_forward, bev_loss
+
+    workload = _camera_workload(tmp_path)
+    config = wb.TrainConfig(uint8_images=True)
+    step = build(workload, config, "cpu")
+    raw = next(workload.batches(config))
+    code = to_snippet(config, device="cpu")
+    namespace: dict[str, object] = {"__name__": "user_snippet"}
+    exec(compile(code, str(tmp_path / "user_snippet.py"), "exec"), namespace)
+    model = workload.model_fn()
+    model.load_state_dict(step.base_model.state_dict())
+    model = namespace["optimize_model"](model)  # type: ignore[operator]
+    optimizer = namespace["make_optimizer"](model)  # type: ignore[operator]
+    exported = namespace["train_step"](model, optimizer, [raw], bev_loss, bev_forward)  # type: ignore[operator]
+    measured = step([step.prepare_batch(raw)])
+    assert raw["images"].dtype == torch.uint8
+    assert float(exported) == pytest.approx(float(measured), rel=1e-5)
+    floats = namespace["normalize_images"](raw)  # type: ignore[operator]
+    torch.testing.assert_close(floats["images"], step.prepare_batch(raw)["images"], atol=1e-5, rtol=0)
+
+
 def test_a_workload_without_a_uint8_path_refuses_it() -> None:
     workload = wb.load_workload("bev-perception")  # rendered float images, no files to decode
     with pytest.raises(WorkloadError, match="has no uint8 path for its images"):

@@ -14,9 +14,23 @@ from workbench.config import TrainConfig
 from workbench.levers.base import Lever, always
 from workbench.levers.record import Applied
 from workbench.workloads.base import WorkloadError
+from workbench.workloads.camera_files import MEAN, STD
 
 if TYPE_CHECKING:
     from workbench.levers.build import TrainStep
+    from workbench.levers.fragment import Snippet
+
+_NORMALIZE_IMAGES = """def normalize_images(batch: Batch) -> Batch:
+    \"\"\"batch[IMAGES] as uint8 pixels on the device -> floats scaled to [0, 1], normalized.
+
+    Float images pass unchanged: only the uint8 ones are the loader's to finish here.
+    \"\"\"
+    images = batch[IMAGES]
+    if images.dtype != torch.uint8:
+        return batch
+    mean = torch.tensor(IMAGE_MEAN, device=images.device).view(3, 1, 1)
+    std = torch.tensor(IMAGE_STD, device=images.device).view(3, 1, 1)
+    return {**batch, IMAGES: (images.float() / 255.0 - mean) / std}"""
 
 
 def apply_uint8_images(step: TrainStep) -> None:
@@ -35,6 +49,20 @@ def apply_uint8_images(step: TrainStep) -> None:
     )
 
 
+def _snippet(config: TrainConfig, snippet: Snippet) -> None:
+    """The normalization after the copy; the Dataset's side (uint8 pixels out) is the user's to write."""
+    snippet.constants += [
+        "# uint8 images: your Dataset returns batch[IMAGES] as resized uint8 pixels (0-255),",
+        "# a quarter of float32's bytes to copy; train_step normalizes them on the device.",
+        'IMAGES = "images"  # the batch key of the images',
+        f"IMAGE_MEAN = {MEAN}  # per channel, of pixels scaled to [0, 1]",
+        f"IMAGE_STD = {STD}",
+    ]
+    snippet.helpers.append(_NORMALIZE_IMAGES)
+    # First of the batch lines: every later line (channels_last) sees the float images.
+    snippet.batch_lines.insert(0, "batch = normalize_images(batch)")
+
+
 def _describe(name: str, value: Any, config: TrainConfig) -> str | None:
     return "images copied to the device as uint8 and normalized there: a quarter of the bytes"
 
@@ -45,8 +73,7 @@ LEVER = Lever(
     summary="copy images to the device as uint8 and normalize them there: a quarter of float32's bytes",
     availability=always("uint8_images"),
     apply=apply_uint8_images,
+    snippet=_snippet,
     describe=_describe,
-    not_exported="the images' scale and normalization are the dataset's own (its mean, std and image key), "
-    "which the exported loader and transfer code cannot know",
     not_searched="only a workload with a uint8 path for its images can take it (bev-perception with camera_files)",
 )
