@@ -109,6 +109,7 @@ def test_the_exported_snippet_trains_on_uint8_batches_as_the_trial_does(tmp_path
     step = build(workload, config, "cpu")
     raw = next(workload.batches(config))
     code = to_snippet(config, device="cpu")
+    assert "normalize_images" not in to_snippet(wb.TrainConfig(), device="cpu")  # only when asked for
     namespace: dict[str, object] = {"__name__": "user_snippet"}
     exec(compile(code, str(tmp_path / "user_snippet.py"), "exec"), namespace)
     model = workload.model_fn()

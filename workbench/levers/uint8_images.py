@@ -51,6 +51,8 @@ def apply_uint8_images(step: TrainStep) -> None:
 
 def _snippet(config: TrainConfig, snippet: Snippet) -> None:
     """The normalization after the copy; the Dataset's side (uint8 pixels out) is the user's to write."""
+    if not config.uint8_images:
+        return
     snippet.constants += [
         "# uint8 images: your Dataset returns batch[IMAGES] as resized uint8 pixels (0-255),",
         "# a quarter of float32's bytes to copy; train_step normalizes them on the device.",
