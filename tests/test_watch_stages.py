@@ -154,3 +154,23 @@ def test_a_store_from_before_the_stages_opens_keeps_its_steps_and_then_stores_st
         newest = last_steps(store, [run_id])
     assert [r.stages for r in rows] == [None, {"decode": 25.5, "read": 0.25}]
     assert newest[run_id] == stored
+
+
+def test_a_jobs_ranks_say_their_data_stages_slowest_first() -> None:
+    from workbench.store.watched import WatchedRun
+    from workbench.watch.job import job_of
+
+    def rank(index: int, summary: dict[str, object]) -> WatchedRun:
+        return WatchedRun(
+            run_id=index + 1, name="bev", status="ended", message="", host=None, pid=None, started_at=0.0,
+            heartbeat_at=0.0, ended_at=1.0, last_step=10, warmup=1, device_name=None, commit=None, dirty=False,
+            env_key="", environment={}, config={}, summary=summary, rank=index, world_size=2, job="j1",
+        )  # fmt: skip
+
+    job = job_of([rank(0, {"steady_stages_ms": {"read": 0.5, "decode": 31.0}}), rank(1, {})])
+    assert job.ranks[0].stages_ms == {"read": 0.5, "decode": 31.0} and job.ranks[1].stages_ms == {}
+    lines = job.describe().splitlines()
+    staged = [line.strip() for line in lines if "data stages" in line]
+    assert staged == ["data stages per step: decode 31.0 ms, read 0.5 ms"]  # rank 1 marked nothing: no line
+    assert lines.index("    " + staged[0]) == 1 + next(i for i, line in enumerate(lines) if "rank 0:" in line)
+    assert job.to_dict()["ranks"][0]["stages_ms"] == {"read": 0.5, "decode": 31.0}
