@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -160,12 +161,12 @@ def test_a_jobs_ranks_say_their_data_stages_slowest_first() -> None:
     from workbench.store.watched import WatchedRun
     from workbench.watch.job import job_of
 
-    def rank(index: int, summary: dict[str, object]) -> WatchedRun:
-        return WatchedRun(
-            run_id=index + 1, name="bev", status="ended", message="", host=None, pid=None, started_at=0.0,
-            heartbeat_at=0.0, ended_at=1.0, last_step=10, warmup=1, device_name=None, commit=None, dirty=False,
-            env_key="", environment={}, config={}, summary=summary, rank=index, world_size=2, job="j1",
-        )  # fmt: skip
+    ended: dict[str, Any] = {"name": "bev", "status": "ended", "message": "", "host": None, "pid": None}
+    ended |= {"started_at": 0.0, "heartbeat_at": 0.0, "ended_at": 1.0, "last_step": 10, "warmup": 1}
+    ended |= {"device_name": None, "commit": None, "dirty": False, "env_key": "", "environment": {}, "config": {}}
+
+    def rank(index: int, summary: dict[str, Any]) -> WatchedRun:
+        return WatchedRun(run_id=index + 1, summary=summary, rank=index, world_size=2, job="j1", **ended)
 
     job = job_of([rank(0, {"steady_stages_ms": {"read": 0.5, "decode": 31.0}}), rank(1, {})])
     assert job.ranks[0].stages_ms == {"read": 0.5, "decode": 31.0} and job.ranks[1].stages_ms == {}
