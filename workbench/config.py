@@ -108,6 +108,11 @@ class TrainConfig:
     persistent_workers: bool = False
     """Keep loader workers alive between epochs; needs num_workers > 0."""
 
+    uint8_images: bool = False
+    """Camera images leave the loader as uint8 (a quarter of float32's bytes to copy to the device)
+    and are scaled and normalized on the device after the copy. For workloads that offer it
+    (bev-perception with camera_files); off keeps the loader's float32 images."""
+
     seed: int = 0
     """Seed for model initialisation and data: equal seeds give equal batches and losses."""
 

@@ -88,6 +88,8 @@ class TrainStep:
         self.backward_contexts: list[ContextFactory] = []
         """Entered around each `.backward()` (compiled autograd)."""
         self.graphed: CudaGraphStep | None = None
+        self.on_device: list[Callable[[Batch], Batch]] = []
+        """Applied to each batch once it is on the device (the uint8 images' normalization)."""
         # Gradients are dropped each step (backward allocates them only as needed), except where
         # they are DDP bucket views, which must survive to save the copy.
         self.grads_to_none = not grads_stay_bucket_views(config)
@@ -100,6 +102,8 @@ class TrainStep:
         batch may be freed or reused at once (pinned memory also lets the DMA overlap compute).
         """
         batch = move_batch(batch, self.device, non_blocking=self.device.type == "cuda")
+        for finish in self.on_device:
+            batch = finish(batch)
         return to_channels_last(batch) if self.config.channels_last else batch
 
     def __call__(self, micro_batches: Sequence[Batch], mark: Mark | None = None) -> torch.Tensor:

@@ -34,7 +34,10 @@ is read):
 15. compile last among module changes: it traces the final forward, with 11-14 active.
 16. compiled autograd: a context around each backward, after compile, whose forward makes it.
 17. CUDA graphs capture the step exactly as it finally runs (compiled, checkpointed, AMP).
-18. the data loader: outside the step (the loader that feeds it).
+18. uint8 images: the loader ships uint8 pixels; the step's batch preparation normalizes them
+    once they are on the device, before anything the step runs reads them (channels_last
+    included), so every lever above sees the float path's batch.
+19. the data loader: outside the step (the loader that feeds it).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ from workbench.levers import (
     sequence_parallel,
     tensor_parallel,
     threads,
+    uint8_images,
 )
 from workbench.levers.base import Lever
 
@@ -91,6 +95,7 @@ LEVERS: tuple[Lever, ...] = (
     compile.LEVER,
     compiled_autograd.LEVER,
     cuda_graphs.LEVER,
+    uint8_images.LEVER,
     loader.LEVER,
 )
 

@@ -180,8 +180,15 @@ _V5 = [
     "ALTER TABLE watch_steps ADD COLUMN cpu_wait_ms REAL",
 ]
 
+# Each watched step's data preparation split by the stages its Dataset marked (`wb.stage`): a JSON
+# object of stage name -> milliseconds, measured where the batches were made (a loader worker or
+# the loop itself). NULL where nothing was marked: not measured, never 0.
+_V6 = [
+    "ALTER TABLE watch_steps ADD COLUMN stages TEXT",
+]
+
 #: MIGRATIONS[i] takes a store from version i to version i + 1.
-MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4, _V5]
+MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4, _V5, _V6]
 
 
 def schema_version() -> int:

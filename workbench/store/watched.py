@@ -43,6 +43,11 @@ STEP_FIELDS = (
 )
 
 
+#: Columns of a step row beyond `STEP_FIELDS`' numbers: stage name -> ms, stored as JSON.
+STAGES = "stages"
+_COLUMNS = (*STEP_FIELDS, STAGES)
+
+
 def compile_line(compiled: dict[str, Any] | None) -> str:
     """A watched run's compile counts and first break site in one line ('' when it compiled nothing)."""
     if not compiled:
@@ -77,6 +82,9 @@ class StepRow:
     """The training thread's time on a core."""
     cpu_wait_ms: float | None = None
     """The training thread's time runnable without a core (the kernel's run queue)."""
+    stages: dict[str, float] | None = None
+    """Milliseconds per stage the job's Dataset marked (`wb.stage`) in the batches the step used;
+    None where nothing was marked (not measured, never 0)."""
 
 
 @dataclass(frozen=True)
@@ -225,11 +233,11 @@ def watch_steps(store: Store, run_id: int, *, recent: bool = False) -> list[Step
     """A watched run's stored rows in step order: the downsampled whole run, or the recent window."""
     with store._read() as conn:
         rows = conn.execute(
-            f"SELECT first_step, steps, {', '.join(STEP_FIELDS)} FROM watch_steps WHERE run_id = ? AND recent = ? "
+            f"SELECT first_step, steps, {', '.join(_COLUMNS)} FROM watch_steps WHERE run_id = ? AND recent = ? "
             "ORDER BY first_step",
             (run_id, int(recent)),
         ).fetchall()
-    return [StepRow(**dict(row)) for row in rows]
+    return [_step_row(dict(row)) for row in rows]
 
 
 def last_steps(store: Store, run_ids: Sequence[int]) -> dict[int, StepRow]:
@@ -239,13 +247,13 @@ def last_steps(store: Store, run_ids: Sequence[int]) -> dict[int, StepRow]:
     marks = ", ".join("?" for _ in run_ids)
     with store._read() as conn:
         rows = conn.execute(
-            f"SELECT run_id, first_step, steps, {', '.join(STEP_FIELDS)} FROM watch_steps AS s WHERE recent = 1 "
+            f"SELECT run_id, first_step, steps, {', '.join(_COLUMNS)} FROM watch_steps AS s WHERE recent = 1 "
             f"AND run_id IN ({marks}) AND first_step = (SELECT MAX(first_step) FROM watch_steps "
             "WHERE run_id = s.run_id AND recent = 1)",
             list(run_ids),
         ).fetchall()
     # sqlite3.Row iterates its values, not its keys: .keys() is needed
-    return {row["run_id"]: StepRow(**{k: row[k] for k in row.keys() if k != "run_id"}) for row in rows}  # noqa: SIM118
+    return {row["run_id"]: _step_row({k: row[k] for k in row.keys() if k != "run_id"}) for row in rows}  # noqa: SIM118
 
 
 def decide_status(status: str, host: str | None, pid: int | None, pid_started_at: float | None,
@@ -267,13 +275,23 @@ def decide_status(status: str, host: str | None, pid: int | None, pid_started_at
 def _upsert(conn: Any, run_id: int, recent: int, rows: Sequence[StepRow]) -> None:
     if not rows:
         return
-    names = ("first_step", "steps", *STEP_FIELDS)
+    names = ("first_step", "steps", *_COLUMNS)
     updates = ", ".join(f"{n} = excluded.{n}" for n in names[1:])
     conn.executemany(
         f"INSERT INTO watch_steps (run_id, recent, {', '.join(names)}) VALUES (?, ?, {', '.join('?' for _ in names)}) "
         f"ON CONFLICT (run_id, recent, first_step) DO UPDATE SET {updates}",
-        [(run_id, recent, *(getattr(r, n) for n in names)) for r in rows],
+        [(run_id, recent, *(getattr(r, n) for n in names[:-1]), _stages_json(r.stages)) for r in rows],
     )
+
+
+def _stages_json(stages: dict[str, float] | None) -> str | None:
+    return json.dumps(stages, sort_keys=True) if stages else None
+
+
+def _step_row(values: dict[str, Any]) -> StepRow:
+    """A stored row's columns as a `StepRow` (the stages read back from their JSON)."""
+    stages = values.pop(STAGES, None)
+    return StepRow(**values, stages=json.loads(stages) if stages else None)
 
 
 def _watched(row: Any, now: float | None) -> WatchedRun:

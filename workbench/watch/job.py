@@ -52,6 +52,9 @@ class RankFigures:
     first_nonfinite_loss_step: int | None = None
     compile: dict[str, Any] | None = None
     """What this rank compiled: graphs, graph breaks, recompiles (`watch.compiled`); None if nothing."""
+    stages_ms: dict[str, float] = field(default_factory=dict)
+    """Its batches' preparation per stage its Dataset marked (`wb.stage`), steady medians in ms per
+    step; empty when nothing was marked (not measured)."""
 
     @property
     def before_collective_ms(self) -> float | None:
@@ -132,6 +135,10 @@ class WatchedJob:
                 f"  rank {r.rank}: step {ms(r.step_ms)}, data wait {ms(r.data_ms)}, forward "
                 f"{ms(r.forward_ms)}{_timeline(paces.get(r.rank))}, last step {r.last_step} ({r.status}){loss}"
             )
+            if r.stages_ms:
+                slowest = sorted(r.stages_ms.items(), key=lambda item: -item[1])
+                stages = ", ".join(f"{name} {ms(value)}" for name, value in slowest)
+                lines.append(f"    data stages per step: {stages}")
             if r.compile:
                 lines.append(f"    {compile_line(r.compile)}")
         return "\n".join(lines)
@@ -258,6 +265,7 @@ def _figures(run: WatchedRun) -> RankFigures:
         _failure(run),
         s.get("first_nonfinite_loss_step"),
         s.get("compile"),
+        dict(s.get("steady_stages_ms") or {}),
     )
 
 

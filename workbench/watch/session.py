@@ -35,7 +35,9 @@ from workbench.watch.ending import (
     is_clean_exit,
 )
 from workbench.watch.profiling import WatchProfile, WindowProfiler
+from workbench.watch.stages import StagedBatch, carrying_stages
 from workbench.watch.writer import RawStep, Writer
+from workbench.workloads.stages import StageTimes
 
 #: How long leaving the context waits for the last flush (the run is then marked ended or failed).
 CLOSE_TIMEOUT_S = 5.0
@@ -89,6 +91,10 @@ class Watch:
         self._user_steps = False
         self._start: Any = None
         self._data_s = 0.0
+        self._stages: dict[str, float] = {}
+        self._loaders: dict[int, tuple[Any, Iterable[Any]]] = {}
+        """id(user's loader) -> (it, the copy whose batches carry their stage times): one copy per
+        loader, so persistent workers persist across epochs."""
         self._forward: list[Any] = [None, None]
         self._optimizer: list[Any] = [None, None]
         self._grads: GradReady | None = None
@@ -155,18 +161,40 @@ class Watch:
         self._close(failure, "", CLOSE_TIMEOUT_S)
 
     def batches(self, iterable: Iterable[Any]) -> Iterator[Any]:
-        """The items of `iterable`, timing how long the loop waits for each (the data wait)."""
-        iterator = iter(iterable)
+        """The items of `iterable`, timing how long the loop waits for each (the data wait) and the
+        stages its Dataset marks with `wb.stage` (in the loop, or in a DataLoader's workers)."""
+        iterator = iter(self._carrying_stages(iterable))
         clock = time.perf_counter
+        times = StageTimes()
         while True:
             self._profiler.open_range("data")
             begin = clock()
             try:
-                item = next(iterator)
+                with times.collecting():  # markers run here without workers
+                    item = next(iterator)
             except StopIteration:
                 return
             self._data_s += clock() - begin
+            if isinstance(item, StagedBatch):  # made in a worker, its stage times with it
+                self._add_stages(item.ms)
+                item = item.batch
+            if times.ms:
+                self._add_stages(times.ms)
+                times.ms = {}
             yield item
+
+    def _carrying_stages(self, iterable: Iterable[Any]) -> Iterable[Any]:
+        kept = self._loaders.get(id(iterable))
+        if kept is not None and kept[0] is iterable:
+            return kept[1]
+        carrying = carrying_stages(iterable)
+        if carrying is not iterable:  # only copies are kept: a generator per epoch is not held on to
+            self._loaders[id(iterable)] = (iterable, carrying)
+        return carrying
+
+    def _add_stages(self, ms: dict[str, float]) -> None:
+        for name, value in ms.items():
+            self._stages[name] = self._stages.get(name, 0.0) + value
 
     def data_wait(self, seconds: float) -> None:
         """Add time the loop waited for its next batch, measured by the caller (a framework's hooks, where
@@ -178,7 +206,7 @@ class Watch:
         """Start the next step's clock now: the time since the last step (an evaluation pass, a checkpoint
         save) is not part of any training step."""
         if self._state == "active":
-            self._start, self._data_s = self._stamp(), 0.0
+            self._start, self._data_s, self._stages = self._stamp(), 0.0, {}
             self._forward, self._optimizer = [None, None], [None, None]
 
     def step(self, loss: Any = None) -> None:
@@ -244,9 +272,10 @@ class Watch:
             self._grad_sync,
             entry_waits,
             thread_times(),
+            self._stages or None,
         )
         self._writer.offer(raw)
-        self._start, self._data_s = end, 0.0
+        self._start, self._data_s, self._stages = end, 0.0, {}
         self._forward, self._optimizer, self._grad_sync = [None, None], [None, None], None
         window = self._profiler.after_step(self.steps)
         if window is not None:

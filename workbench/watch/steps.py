@@ -25,6 +25,9 @@ class _Bucket:
     peak_memory_bytes: int | None = None
     sums: dict[str, float] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
+    stage_sums: dict[str, float] = field(default_factory=dict)
+    stage_counts: dict[str, int] = field(default_factory=dict)
+    """Per marked stage: its ms summed over the steps that measured it, and how many did."""
 
     def add(self, s: StepRow) -> None:
         """One measured step (a row of `steps=1`)."""
@@ -37,6 +40,9 @@ class _Bucket:
             if value is not None:
                 self.sums[name] = self.sums.get(name, 0.0) + value
                 self.counts[name] = self.counts.get(name, 0) + 1
+        for name, ms in (s.stages or {}).items():
+            self.stage_sums[name] = self.stage_sums.get(name, 0.0) + ms
+            self.stage_counts[name] = self.stage_counts.get(name, 0) + 1
 
     def merge(self, later: _Bucket) -> None:
         self.steps += later.steps
@@ -46,10 +52,21 @@ class _Bucket:
         for name, total in later.sums.items():
             self.sums[name] = self.sums.get(name, 0.0) + total
             self.counts[name] = self.counts.get(name, 0) + later.counts[name]
+        for name, total in later.stage_sums.items():
+            self.stage_sums[name] = self.stage_sums.get(name, 0.0) + total
+            self.stage_counts[name] = self.stage_counts.get(name, 0) + later.stage_counts[name]
 
     def row(self) -> StepRow:
         means = {n: self.sums[n] / self.counts[n] for n in self.sums if self.counts.get(n)}
-        return StepRow(self.first_step, self.steps, self.wall_time, peak_memory_bytes=self.peak_memory_bytes, **means)
+        stages = {n: total / self.stage_counts[n] for n, total in self.stage_sums.items()} or None
+        return StepRow(
+            self.first_step,
+            self.steps,
+            self.wall_time,
+            peak_memory_bytes=self.peak_memory_bytes,
+            stages=stages,
+            **means,
+        )
 
 
 class StepHistory:

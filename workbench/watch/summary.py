@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from workbench.analysis.steady import steady_rows, steady_step_ms, weighted_quantile
 from workbench.analysis.stragglers import PHASES
@@ -26,6 +26,7 @@ def run_summary(rows: Sequence[StepRow], warmup: int, history: StepHistory, wind
         "steady_iqr_ms": iqr,
         # the phases' steady medians: across the ranks of one job, where their times part (rank skew)
         **{f"steady_{phase}_ms": steady_phase_ms(rows, warmup, phase) for phase in PHASES},
+        "steady_stages_ms": steady_stages_ms(rows, warmup),
         "stride": history.stride,
         "last_loss": last.loss if last is not None else None,
         "peak_memory_bytes": max((r.peak_memory_bytes for r in rows if r.peak_memory_bytes is not None), default=None),
@@ -42,6 +43,19 @@ def steady_phase_ms(rows: Sequence[StepRow], warmup: int, phase: str) -> float |
     if not kept:
         return None
     return weighted_quantile([getattr(r, f"{phase}_ms") for r in kept], [r.steps for r in kept], 0.5)
+
+
+def steady_stages_ms(rows: Sequence[StepRow], warmup: int) -> dict[str, float]:
+    """Per stage the job's Dataset marked (`wb.stage`): the median of its ms per step over the steady
+    steps that measured it; a stage never marked is absent (not measured), never 0."""
+    kept = [(r.stages, r.steps) for r in cast("list[StepRow]", steady_rows(rows, warmup)) if r.stages]
+    names = sorted({name for stages, _ in kept for name in stages})
+    return {
+        name: weighted_quantile(
+            [stages[name] for stages, _ in kept if name in stages], [n for stages, n in kept if name in stages], 0.5
+        )
+        for name in names
+    }
 
 
 def window_utilization(samples: Sequence[Sample]) -> dict[str, Any]:

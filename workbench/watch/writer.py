@@ -55,6 +55,8 @@ class RawStep:
     """(entry, model code begins) stamps of the step's forwards: any synchronization at their entry."""
     thread_times: tuple[float, float] | None = None
     """The training thread's running totals at the step's end: (s on a core, s waiting for one)."""
+    stages: dict[str, float] | None = None
+    """Milliseconds per `wb.stage` marked in the batches the step used; None where none was."""
 
 
 class Writer:
@@ -327,6 +329,7 @@ def _resolve(r: RawStep, cpu_ms: float | None = None, cpu_wait_ms: float | None 
         sync_wait,
         cpu_ms,
         cpu_wait_ms,
+        stages=r.stages,
     )
 
 

@@ -59,6 +59,17 @@ def output_loss(output: Any, batch: Batch) -> torch.Tensor:
     return cast("torch.Tensor", loss)
 
 
+@dataclass(frozen=True)
+class Uint8Images:
+    """How a workload's images travel as uint8 (`TrainConfig.uint8_images`): the dataset that
+    yields them unscaled, and what turns a batch of them, on the device, into the float path's."""
+
+    dataset_fn: Callable[[int], Dataset[Any]]
+    """`dataset_fn(seed)`: the same samples, images as uint8 pixels (0-255) instead of floats."""
+    normalize: Callable[[Batch], Batch]
+    """A batch already on the device → the same batch with its images scaled and normalized."""
+
+
 @dataclass
 class Workload:
     """A training workload. `loss_fn(output, batch)` must return a scalar tensor."""
@@ -82,6 +93,8 @@ class Workload:
     """Options the workload was built with (e.g. sample_cost_ms), recorded with results."""
     source: dict[str, Any] | None = None
     """How to rebuild it elsewhere: {'kind': 'builtin'|'spec', 'name': ..., 'preset': ..., 'options': ...}."""
+    uint8_images: Uint8Images | None = None
+    """The uint8 path for its images, when the workload offers one (`TrainConfig.uint8_images`)."""
     tp_plan: Mapping[str, Any] | None = None
     """How tensor_parallel splits the model: module-name pattern ('blocks.*.attn.qkv') → style,
     a name ('colwise', 'rowwise', 'colwise_rep', 'sequence_parallel', 'sequence_region', the
@@ -146,6 +159,13 @@ class Workload:
         if self.batch_fn is not None:
             return cast("Dataset[Any]", BatchFnDataset(self.batch_fn, self.effective_batch_size(config), config.seed))
         assert self.dataset_fn is not None
+        if config.uint8_images:
+            if self.uint8_images is None:
+                raise WorkloadError(
+                    f"workload '{self.name}' has no uint8 path for its images; drop uint8_images "
+                    "(bev-perception with extra.camera_files=true has one)"
+                )
+            return self.uint8_images.dataset_fn(config.seed)
         return self.dataset_fn(config.seed)
 
     def make_loader(self, config: TrainConfig, timed_stages: bool = False) -> DataLoader[Any]:

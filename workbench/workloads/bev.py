@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from workbench.workloads.base import Workload, WorkloadError
-from workbench.workloads.camera_files import CameraFileDataset, check_decoder
+from workbench.workloads.base import Uint8Images, Workload, WorkloadError
+from workbench.workloads.camera_files import CameraFileDataset, check_decoder, normalize_on_device
 from workbench.workloads.catalog import register
 from workbench.workloads.layers import ConvBNAct, GridAttention, res_stage
 from workbench.workloads.synthetic import Sample, SyntheticDataset, check_sample_cost, choose_preset
@@ -344,8 +344,11 @@ def build_bev_perception(
     options: dict[str, Any] = {"sample_cost_ms": cost}
     if not isinstance(camera_files, bool):
         raise WorkloadError(f"workload '{NAME}': camera_files must be true or false, got {camera_files!r}")
+    uint8_images = None
     if camera_files:
         options.update(camera_files=True, decoder=check_decoder(NAME, decoder), cache_dir=str(cache_dir))
+        uint8_dataset = functools.partial(_dataset, size, {**options, "uint8": True})
+        uint8_images = Uint8Images(dataset_fn=uint8_dataset, normalize=normalize_on_device)
     return Workload(
         name=NAME,
         model_fn=functools.partial(BevPerceptionModel, size),
@@ -357,6 +360,7 @@ def build_bev_perception(
         preset=preset,
         description="six-camera BEV detection (ResNet backbone, Lift-Splat, conv+attention BEV encoder)",
         options=options,
+        uint8_images=uint8_images,
     )
 
 
@@ -373,4 +377,5 @@ def _dataset(size: BevSize, options: dict[str, Any], seed: int) -> Dataset[Sampl
         cache_dir=options["cache_dir"],
         decoder=options["decoder"],
         sample_cost_ms=cost,
+        uint8=bool(options.get("uint8")),
     )

@@ -117,8 +117,11 @@ class CameraFileDataset(Dataset[Sample]):
         sample_cost_ms: float = 0.0,
         scenes: int = SCENES,
         length: int = VIRTUAL_LENGTH,
+        uint8: bool = False,
     ) -> None:
         self.scene_fn, self.image, self.cameras, self.seed = scene_fn, image, cameras, seed
+        self.uint8 = uint8
+        """Images leave as resized uint8 pixels; `normalize_on_device` finishes them after the copy."""
         self.decoder, self.sample_cost_ms, self.scenes, self.length = decoder, sample_cost_ms, scenes, length
         height, width = image
         name = (
@@ -164,7 +167,8 @@ class CameraFileDataset(Dataset[Sample]):
             targets = self.scene_fn(self._generator(scene), None)
         pixels = [self.decode(self.read(scene, camera)) for camera in range(self.cameras)]
         with stage("transform"):
-            images = normalize(resize(pixels, self.image))
+            resized = resize(pixels, self.image)
+            images = to_uint8(resized) if self.uint8 else normalize(resized)
         return {"images": images, **targets}
 
     def read(self, scene: int, camera: int) -> tuple[Path, bytes]:
@@ -199,6 +203,24 @@ def resize(pixels: list[torch.Tensor], image: tuple[int, int]) -> torch.Tensor:
 
 
 def normalize(images: torch.Tensor) -> torch.Tensor:
-    mean = torch.tensor(MEAN).view(1, 3, 1, 1)
-    std = torch.tensor(STD).view(1, 3, 1, 1)
+    """Floats in [0, 1] (..., 3, H, W) → normalized per channel, in place, on their own device."""
+    mean = torch.tensor(MEAN, device=images.device).view(3, 1, 1)
+    std = torch.tensor(STD, device=images.device).view(3, 1, 1)
     return images.sub_(mean).div_(std)
+
+
+def to_uint8(images: torch.Tensor) -> torch.Tensor:
+    """Floats in [0, 1] → uint8 pixels, rounded: what the uint8 path ships (off by at most half a
+    pixel level from the float path's resized values, the only difference it makes)."""
+    return images.mul(255.0).round_().clamp_(0.0, 255.0).to(torch.uint8)
+
+
+def normalize_on_device(batch: Sample) -> Sample:
+    """A batch of uint8 camera images, already on the device → the float path's normalized images.
+
+    Images already float are left as they are: a prepared batch may be prepared again (the trial's
+    timed fetches and staged batches are), and must not be normalized twice."""
+    images = batch["images"]
+    if images.dtype != torch.uint8:
+        return batch
+    return {**batch, "images": normalize(images.float().div_(255.0))}  # a new tensor: the input stays

@@ -51,6 +51,24 @@ def stage(name: str) -> Iterator[None]:
         collector.add(name, time.perf_counter() - began)
 
 
+def collect_from_now() -> StageTimes:
+    """Collect every marker entered from now on in this process: a loader worker of a watched job
+    collects for its whole life, and its collate takes each batch's share (`take_collected`)."""
+    global _collecting
+    _collecting = StageTimes()
+    return _collecting
+
+
+def take_collected() -> dict[str, float]:
+    """Milliseconds per stage collected in this process since the last take, the record starting
+    afresh; {} where nothing collects."""
+    collector = _collecting
+    if collector is None:
+        return {}
+    taken, collector.ms = collector.ms, {}
+    return taken
+
+
 class TimedSamples:
     """A dataset whose items come with their stage times: `(sample, {stage: ms}, worker, began, ended)`.
 
