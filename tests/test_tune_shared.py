@@ -21,6 +21,21 @@ from test_cli_tune import SLEEPY_MODULE
 SPACE = '{"batch_size": [2, 4, 8], "optimizer_impl": ["for-loop", "foreach"], "channels_last": [false, true]}'
 
 
+_STARTED: list[subprocess.Popen[str]] = []
+"""Every tuner a test started: ended at its teardown whatever the test's outcome (`_end_tuners`)."""
+
+
+@pytest.fixture(autouse=True)
+def _end_tuners() -> Any:
+    """A failed assertion or timeout must not leave a tuner running into the next tests."""
+    yield
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+
+
 def _start(tmp_path: Path, storage: str, study: str, *extra: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     command = [
@@ -50,9 +65,11 @@ def _start(tmp_path: Path, storage: str, study: str, *extra: str) -> subprocess.
         "--json",
         *extra,
     ]
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
+    _STARTED.append(proc)
+    return proc
 
 
 @pytest.fixture
@@ -107,9 +124,11 @@ def test_two_tuners_started_seconds_apart_share_one_study(
 def test_a_tuner_killed_mid_trial_leaves_its_trial_failed_and_the_other_finishes(
     workload_folder: Path, postgres_url: str, studies: Any
 ) -> None:
-    survivor = _start(workload_folder, postgres_url, "killed")
-    time.sleep(3)
+    # The one to be killed starts first, so it surely takes a trial; started second, it found the
+    # study all but measured when the host was slow to start it.
     victim = _start(workload_folder, postgres_url, "killed")
+    time.sleep(3)
+    survivor = _start(workload_folder, postgres_url, "killed")
     mine = f":{victim.pid}"
     deadline = time.monotonic() + 120
     running: list[Any] = []
@@ -120,7 +139,7 @@ def test_a_tuner_killed_mid_trial_leaves_its_trial_failed_and_the_other_finishes
         except KeyError:  # the study is not created yet
             continue
         running = [t for t in trials if str(t.user_attrs.get("worker", "")).endswith(mine)]
-    assert running, "the second tuner never started a trial"
+    assert running, "the first tuner never started a trial"
     os.killpg(victim.pid, signal.SIGKILL)  # the tuner and its trial's worker process
     victim.communicate(timeout=30)
     out, err = survivor.communicate(timeout=240)
