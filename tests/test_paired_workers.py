@@ -1,7 +1,6 @@
 """Paired rounds rotated between workers: a bias one worker holds for its whole life must show in
 the interval, not decide the verdict. The truth is injected (`worker_biased_workload`): each
-worker makes the second of two identical models it builds 30% slower, and every other worker
-builds the configurations in reverse order."""
+worker makes one of two identical models 30% slower, which one depending on the worker."""
 
 from __future__ import annotations
 
@@ -36,9 +35,8 @@ def test_one_worker_turns_its_bias_into_a_false_verdict(tmp_path: Path) -> None:
 
 
 def test_rotated_workers_show_the_bias_as_spread_and_give_no_verdict(tmp_path: Path) -> None:
-    """Two workers, the second building in reverse order, so biased in opposite directions: the
-    rounds split between ~1/1.3 and ~1.3, and the interval spans both instead of betting on either
-    (with one build order for both, both would slow the candidate: a false verdict)."""
+    """Two workers biased in opposite directions: the rounds split between ~1/1.3 and ~1.3, and
+    the interval spans both instead of betting on either."""
     comparison, row = _aa(tmp_path, workers=2)
     assert comparison.design == "paired" and comparison.paired_workers == 2
     assert row.verdict == "inconclusive", (row.speedup, row.speedup_ci)

@@ -1,8 +1,7 @@
-"""A workload with a known per-worker bias: in each process, the second of the two identical models
-it builds sleeps 30% longer per step. It stands for what a real worker does to identical
-configurations (memory layout, thread placement: here the configuration built second read 0.7-2.1%
-faster in 9 of 10 A/A comparisons), with a truth the test knows: A/A, biased against whichever
-configuration the worker built second."""
+"""A workload with a known per-worker bias: in each process, one of the two identical models it
+builds sleeps 30% longer per step — the first-built in an even-numbered worker, the second in an
+odd-numbered one. It stands for what a real worker does to identical configurations (memory
+layout, thread placement), with a truth the test knows: A/A, biased one way or the other by worker."""
 
 from __future__ import annotations
 
@@ -50,7 +49,7 @@ class WorkerBiasedNet(nn.Module):
         _built[os.getpid()] = instance + 1
         if fail_odd_paired and instance == 1 and worker % 2:  # a second model in one process: a paired worker
             raise RuntimeError("simulated: out of memory with both models resident")
-        self.sleep_s = SLEEP_S * (BIAS if instance == 1 else 1.0)
+        self.sleep_s = SLEEP_S * (BIAS if instance == worker % 2 else 1.0)
         self.linear = nn.Linear(4, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -36,18 +36,12 @@ class PairedSession:
     """Parent side: start the worker, warm every configuration, then run rounds on demand."""
 
     def __init__(
-        self,
-        requests: list[TrialRequest],
-        cancel: threading.Event | None = None,
-        *,
-        wait: bool = True,
-        build_last_first: bool = False,
+        self, requests: list[TrialRequest], cancel: threading.Event | None = None, *, wait: bool = True
     ) -> None:
         """`requests`: one per configuration built side by side, the same trial but for `config`
         (`with_config`), each resolved; their warm-up, device, preset and timeout are the window.
         `wait=False` returns once the worker is started (call `wait_ready` before the first round),
-        so several can build at once. `build_last_first`: build the configurations in reverse order
-        (the indices the rounds use stay the same)."""
+        so several can build at once."""
         from workbench.measure.child import ChildProcess
 
         requests = [request.resolved() for request in requests]  # resolved by the caller: no check again
@@ -55,7 +49,7 @@ class PairedSession:
         self.last_loads: dict[int, tuple[float | None, float | None]] = {}
         """The host's load during each block of the last round (`hostload.ArmMeter`), by configuration."""
         self.cancel = cancel
-        self.child = ChildProcess(_serve, [request.to_wire() for request in requests], build_last_first)
+        self.child = ChildProcess(_serve, [request.to_wire() for request in requests])
         if wait:
             self.wait_ready()
 
@@ -124,9 +118,6 @@ def open_sessions(
     percent for that worker's whole life (where its memory and threads landed), a bias more
     rounds in the same worker cannot average away. Rounds rotated between workers each carry
     their own worker's bias, so it shows in the rounds' spread instead of hiding in the centre.
-    Every other worker builds the configurations in reverse order: with one order for all, the
-    configuration built second read 0.7-2.1% faster in 9 of 10 A/A comparisons here, a bias that
-    every worker shared and so no rotation could show.
     A worker that fails (e.g. out of memory with every model resident twice) only costs the
     rotation; `SessionFailed` when none is ready, or on a cancel.
 
@@ -143,7 +134,7 @@ def open_sessions(
     try:
         wanted = max(1, count)
         for number in range(wanted):
-            sessions.append(PairedSession(requests, cancel, wait=False, build_last_first=number % 2 == 1))
+            sessions.append(PairedSession(requests, cancel, wait=False))
             if together and number < wanted - 1:
                 continue  # every worker starts before the first is awaited
             for session in sessions if together else sessions[-1:]:
@@ -173,10 +164,10 @@ def _wait(session: PairedSession, ready: list[PairedSession], cancel: threading.
 # --- the worker side ---------------------------------------------------------------
 
 
-def _serve(requests: Any, replies: Any, wires: list[dict[str, Any]], build_last_first: bool = False) -> None:
+def _serve(requests: Any, replies: Any, wires: list[dict[str, Any]]) -> None:
     """The worker's job: build and warm every configuration, then answer round commands until 'stop'."""
     try:
-        steps = _build_all([TrialRequest.from_wire(wire) for wire in wires], build_last_first)
+        steps = _build_all([TrialRequest.from_wire(wire) for wire in wires])
     except (ConfigError, WorkloadError) as exc:
         replies.send(("input_error", type(exc).__name__, str(exc)))
         return
@@ -202,18 +193,16 @@ def _serve(requests: Any, replies: Any, wires: list[dict[str, Any]], build_last_
             return
 
 
-def _build_all(requests: list[TrialRequest], last_first: bool = False) -> list[Any]:
-    """Each request's (train step, batches, config), in the requests' order whichever order they were built in."""
+def _build_all(requests: list[TrialRequest]) -> list[Any]:
     from workbench.levers.build import build
     from workbench.measure.staged import batch_source
     from workbench.measure.timing import synchronize
     from workbench.measure.window import one_step
     from workbench.workloads import load_workload
 
-    built: dict[int, Any] = {}
-    order = range(len(requests))
-    for index in reversed(order) if last_first else order:
-        request = requests[index].resolved()  # checked by the parent: trusted as it came
+    built = []
+    for request in requests:
+        request = request.resolved()  # checked by the parent: trusted as it came
         dev, config, workload = request.torch_device(), request.config, request.workload
         if dev.type == "cuda":
             import torch
@@ -225,8 +214,8 @@ def _build_all(requests: list[TrialRequest], last_first: bool = False) -> list[A
         for _ in range(paired_warmup(config, request.warmup)):  # untimed (the fresh trial timed these costs)
             one_step(train_step, batches)
         synchronize(dev)
-        built[index] = (train_step, batches, config)
-    return [built[index] for index in order]
+        built.append((train_step, batches, config))
+    return built
 
 
 def paired_warmup(config: TrainConfig, warmup: int) -> int:
