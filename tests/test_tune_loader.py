@@ -62,7 +62,12 @@ def test_pinned_fields_are_no_longer_proposed() -> None:
 
 def test_tune_stops_searching_the_loader_once_a_trial_waits_for_nothing() -> None:
     space = {"num_workers": [0, 1], "optimizer_impl": ["for-loop", "foreach"]}
-    result = wb.tune(slow_data_workload(sample_ms=3.0), budget_s=30, space=space, steps=6, warmup=1, store=None)
+    # A worker that keeps up still leaves ~1-1.5 ms of fetch (IPC, collation) in a 26 ms step here, 4-6%:
+    # "within noise" is relative to the precision asked, so this asks ±10% (at ±3% that share is real).
+    protocol = wb.Protocol(precision=0.10)
+    result = wb.tune(
+        slow_data_workload(sample_ms=3.0), budget_s=30, space=space, steps=6, warmup=1, store=None, protocol=protocol
+    )
     settled = [note for note in result.notes if note.startswith("loader levers settled at num_workers=")]
     assert settled, result.notes
     value = int(settled[0].split("num_workers=")[1].split(":")[0])
