@@ -30,13 +30,15 @@ model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.L
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
 def loader(n):
+    # ~20 ms of compute a step: rank 0's own sub-ms extras (it hosts torchrun's store; its writer
+    # flushes) stay under the straggler rule's 5% margin. At 256 rows the step was 2.6 ms, and a
+    # quiet launch read rank 0 0.6 ms (23%) late in 11 of 13 steps: real, but not a fault. The
+    # batch is made once: drawing 2M random numbers a step would itself be a data wait.
+    batch = torch.randn(8192, 256)
     for _ in range(n):
         if rank == SLOW_RANK:
             time.sleep(SLEEP_S)  # this rank's data pipeline is the slow one
-        # ~20 ms of compute a step: rank 0's own sub-ms extras (it hosts torchrun's store; its
-        # writer flushes) stay under the straggler rule's 5% margin. At 256 rows the step was 2.6 ms,
-        # and a quiet launch read rank 0 0.6 ms (23%) late in 11 of 13 steps: a real, not a fault.
-        yield torch.randn(8192, 256)
+        yield batch
 
 with wb.watch(model, opt, name="ddp-job", store=sys.argv[1], warmup=3, flush_s=0.2) as w:
     for batch in w.batches(loader(int(sys.argv[4]))):
