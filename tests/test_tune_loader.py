@@ -42,8 +42,13 @@ class _Measure:
 
     def __call__(self, config: TrainConfig, on_event: Any, cancel: threading.Event) -> TrialResult:
         self.calls.append(config)
-        return _result(20.0 + config.num_workers, 0.0, num_workers=config.num_workers,
-                       channels_last=config.channels_last, batch_size=config.batch_size)  # fmt: skip
+        return _result(
+            20.0 + config.num_workers,
+            0.0,
+            num_workers=config.num_workers,
+            channels_last=config.channels_last,
+            batch_size=config.batch_size,
+        )
 
 
 def test_pinned_fields_are_no_longer_proposed() -> None:
